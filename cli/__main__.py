@@ -1,0 +1,3 @@
+from vivant.cli import main
+
+raise SystemExit(main())

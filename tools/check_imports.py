@@ -1,0 +1,63 @@
+"""Import-direction check (DESIGN.md §2), run by `make test`.
+
+Rules:
+  kernels/   imports nothing of vivant (it is reusable on its own);
+  operator/  never imports torch, triton or vivant.worker / vivant.kernels (the operator image has no torch);
+  sessions/  never imports torch or vivant.worker / vivant.kernels / vivant.operator;
+  worker/    may import vivant.kernels and vivant.sessions, never vivant.operator.
+Parses every module's AST (so lazy imports inside functions count too) and exits non-zero naming
+each offending file, line and import.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "kernels": ("vivant",),
+    "operator": ("torch", "triton", "vivant.worker", "vivant.kernels"),
+    "sessions": ("torch", "triton", "vivant.worker", "vivant.kernels", "vivant.operator"),
+    "worker": ("vivant.operator",),
+}
+
+
+def imported_names(tree: ast.AST) -> list[tuple[int, str]]:
+    names: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.extend((node.lineno, a.name) for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append((node.lineno, node.module))
+    return names
+
+
+def violations(folder: str, banned: tuple[str, ...]) -> list[str]:
+    found = []
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for lineno, name in imported_names(tree):
+            for ban in banned:
+                if name == ban or name.startswith(ban + "."):
+                    found.append(f"{path.relative_to(ROOT)}:{lineno}: imports {name!r} ({folder}/ must not import {ban})")
+    return found
+
+
+def main() -> int:
+    problems = [v for folder, banned in FORBIDDEN.items() for v in violations(folder, banned)]
+    for p in problems:
+        print(p)
+    for folder in FORBIDDEN:
+        if (ROOT / folder / "__init__.py").exists():
+            problems.append(f"{folder}/__init__.py exists: top-level folders must not be regular packages")
+            print(problems[-1])
+    if not problems:
+        print("import direction: ok")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
