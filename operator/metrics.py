@@ -1,0 +1,136 @@
+"""Prometheus metrics of the operator: sessions by phase, assignment latency, pool capacity, errors.
+
+Why a class with an explicit registry: the operator process registers once on the default registry
+(`OperatorMetrics()`), tests build their own `CollectorRegistry` so they never collide. The chart's
+rules file (`charts/vivant/files/rules.yaml`) reads these series; `tests/metrics/test_scrape.py`
+checks every name and label the rules use is exported. prometheus-client only (no torch here).
+
+Series (all prefixed `vivant_operator_`):
+
+| series | type | labels | meaning |
+|---|---|---|---|
+| sessions | gauge | namespace, pool, phase | CharacterSessions currently in each phase (a snapshot, see `set_session_counts`) |
+| assignment_latency_seconds | histogram | pool | CharacterSession created → worker assigned |
+| pool_workers | gauge | pool, state | workers of a pool per state: idle, busy, starting, lost |
+| pool_desired_workers | gauge | pool | the WorkerPool's spec.replicas |
+| reconcile_errors_total | counter | kind | handler failures per resource kind (CharacterSession, WorkerPool, ...) |
+| flag_rollbacks_total | counter | pool, flag, reason | feature-flag rollbacks (a flag turned off after being on) |
+| build_info | gauge (=1) | version | present while the operator runs (absent-metric alerts key on it) |
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from functools import cache
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+WORKER_STATES = ("idle", "busy", "starting", "lost")
+ASSIGNMENT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class OperatorMetrics:
+    """The operator's metric set on one registry. Inputs are checked; bad ones raise ValueError naming the field."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY, version: str = "0.1.0") -> None:
+        r = registry
+        self.registry = registry
+        self._sessions = Gauge(
+            "vivant_operator_sessions", "CharacterSessions per phase.", ["namespace", "pool", "phase"], registry=r,
+        )
+        self._assign = Histogram(
+            "vivant_operator_assignment_latency_seconds", "CharacterSession created to worker assigned.",
+            ["pool"], buckets=ASSIGNMENT_BUCKETS, registry=r,
+        )
+        self._workers = Gauge(
+            "vivant_operator_pool_workers", "Workers of a pool per state (idle, busy, starting, lost).",
+            ["pool", "state"], registry=r,
+        )
+        self._desired = Gauge(
+            "vivant_operator_pool_desired_workers", "The WorkerPool's spec.replicas.", ["pool"], registry=r,
+        )
+        self._errors = Counter(
+            "vivant_operator_reconcile_errors", "Handler failures per resource kind.", ["kind"], registry=r,
+        )
+        self._rollbacks = Counter(
+            "vivant_operator_flag_rollbacks", "Feature-flag rollbacks per pool and flag.",
+            ["pool", "flag", "reason"], registry=r,
+        )
+        self._build = Gauge("vivant_operator_build_info", "1 while the operator runs.", ["version"], registry=r)
+        self._build.labels(version=version).set(1)
+
+    def set_session_counts(self, counts: Mapping[tuple[str, str, str], int]) -> None:
+        """Replace the sessions gauge with a fresh snapshot {(namespace, pool, phase): count}.
+
+        Series absent from the snapshot are removed, so a phase that emptied reads as gone, not stale.
+        """
+        checked = {}
+        for key, n in counts.items():
+            if not (isinstance(key, tuple) and len(key) == 3 and all(isinstance(k, str) and k for k in key)):
+                raise ValueError(f"counts: expected keys (namespace, pool, phase) of non-empty strings, got {key!r}")
+            checked[key] = _count("count", n)
+        self._sessions.clear()
+        for (namespace, pool, phase), n in checked.items():
+            self._sessions.labels(namespace=namespace, pool=pool, phase=phase).set(n)
+
+    def observe_assignment(self, pool: str, seconds: float) -> None:
+        v = float(seconds)
+        if math.isnan(v) or math.isinf(v) or v < 0:
+            raise ValueError(f"seconds: expected a finite non-negative duration, got {seconds!r}")
+        self._assign.labels(pool=_name("pool", pool)).observe(v)
+
+    def set_pool_workers(self, pool: str, *, desired: int, **by_state: int) -> None:
+        """Set a pool's capacity: `set_pool_workers("main", desired=4, idle=2, busy=1, starting=1, lost=0)`.
+
+        States not given are set to 0 so the idle-capacity alert sees an explicit zero.
+        """
+        p = _name("pool", pool)
+        unknown = set(by_state) - set(WORKER_STATES)
+        if unknown:
+            raise ValueError(f"state: expected one of {', '.join(WORKER_STATES)}, got {sorted(unknown)}")
+        self._desired.labels(pool=p).set(_count("desired", desired))
+        for state in WORKER_STATES:
+            self._workers.labels(pool=p, state=state).set(_count(state, by_state.get(state, 0)))
+
+    def pool_deleted(self, pool: str) -> None:
+        """Drop a deleted pool's series."""
+        p = _name("pool", pool)
+        for state in WORKER_STATES:
+            try:
+                self._workers.remove(p, state)
+            except KeyError:
+                pass
+        try:
+            self._desired.remove(p)
+        except KeyError:
+            pass
+
+    def reconcile_error(self, kind: str) -> None:
+        self._errors.labels(kind=_name("kind", kind)).inc()
+
+    def flag_rollback(self, pool: str, flag: str, reason: str) -> None:
+        self._rollbacks.labels(pool=_name("pool", pool), flag=_name("flag", flag), reason=_name("reason", reason)).inc()
+
+
+@cache
+def default_metrics() -> OperatorMetrics:
+    """The process's operator metrics on the default registry (created on first use)."""
+    return OperatorMetrics()
+
+
+def serve(metrics_port: int, addr: str = "0.0.0.0", registry: CollectorRegistry = REGISTRY):
+    """Expose `registry` at http://addr:metrics_port/metrics; returns (server, thread)."""
+    return start_http_server(metrics_port, addr=addr, registry=registry)
+
+
+def _name(field: str, value: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{field}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def _count(field: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{field}: expected a non-negative integer, got {value!r}")
+    return value
