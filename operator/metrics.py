@@ -5,14 +5,17 @@ Why a class with an explicit registry: the operator process registers once on th
 rules file (`charts/vivant/files/rules.yaml`) reads these series; `tests/metrics/test_scrape.py`
 checks every name and label the rules use is exported. prometheus-client only (no torch here).
 
+The `pool` label is the pool id `<namespace>/<name>` (`vivant.sessions.resources.pool_key`), the same
+value the workers put on their series, so rules can join operator and worker series on `pool`.
+
 Series (all prefixed `vivant_operator_`):
 
 | series | type | labels | meaning |
 |---|---|---|---|
 | sessions | gauge | namespace, pool, phase | CharacterSessions currently in each phase (a snapshot, see `set_session_counts`) |
 | assignment_latency_seconds | histogram | pool | CharacterSession created → worker assigned |
-| pool_workers | gauge | pool, state | workers of a pool per state: idle, busy, starting, lost |
-| pool_desired_workers | gauge | pool | the WorkerPool's spec.replicas |
+| pool_workers | gauge | pool, state | workers of a pool per state: idle, busy, starting (not ready yet), draining |
+| pool_desired_workers | gauge | pool | workers the pool should run now (busy + minIdle, capped by maxWorkers) |
 | reconcile_errors_total | counter | kind | handler failures per resource kind (CharacterSession, WorkerPool, ...) |
 | flag_rollbacks_total | counter | pool, flag, reason | feature-flag rollbacks (a flag turned off after being on) |
 | build_info | gauge (=1) | version | present while the operator runs (absent-metric alerts key on it) |
@@ -26,7 +29,7 @@ from functools import cache
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-WORKER_STATES = ("idle", "busy", "starting", "lost")
+WORKER_STATES = ("idle", "busy", "starting", "draining")
 ASSIGNMENT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -44,11 +47,11 @@ class OperatorMetrics:
             ["pool"], buckets=ASSIGNMENT_BUCKETS, registry=r,
         )
         self._workers = Gauge(
-            "vivant_operator_pool_workers", "Workers of a pool per state (idle, busy, starting, lost).",
+            "vivant_operator_pool_workers", "Workers of a pool per state (idle, busy, starting, draining).",
             ["pool", "state"], registry=r,
         )
         self._desired = Gauge(
-            "vivant_operator_pool_desired_workers", "The WorkerPool's spec.replicas.", ["pool"], registry=r,
+            "vivant_operator_pool_desired_workers", "Workers the pool should run now (busy + minIdle, capped by maxWorkers).", ["pool"], registry=r,
         )
         self._errors = Counter(
             "vivant_operator_reconcile_errors", "Handler failures per resource kind.", ["kind"], registry=r,
@@ -81,7 +84,7 @@ class OperatorMetrics:
         self._assign.labels(pool=_name("pool", pool)).observe(v)
 
     def set_pool_workers(self, pool: str, *, desired: int, **by_state: int) -> None:
-        """Set a pool's capacity: `set_pool_workers("main", desired=4, idle=2, busy=1, starting=1, lost=0)`.
+        """Set a pool's capacity: `set_pool_workers("ns/main", desired=4, idle=2, busy=1, starting=1, draining=0)`.
 
         States not given are set to 0 so the idle-capacity alert sees an explicit zero.
         """

@@ -5,8 +5,8 @@ metric names, label sets and units live in one place; the chart's rules file
 (`charts/vivant/files/rules.yaml`) reads exactly these series and `tests/metrics/test_scrape.py`
 checks that every series name and label the rules use is exported here.
 
-Units are seconds and frames (Prometheus base units). Labels: `pool` (the WorkerPool name, fixed
-per process) on every series; `session` (the CharacterSession name) on per-session series, which
+Units are seconds and frames (Prometheus base units). Labels: `pool` (the pool id `<namespace>/<name>`,
+as `vivant.sessions.resources.pool_key` makes it and the operator labels its series; fixed per process) on every series; `session` (the CharacterSession name) on per-session series, which
 `session_ended` removes so a long-lived worker does not accumulate series of finished sessions.
 
 Series (all prefixed `vivant_worker_`):
