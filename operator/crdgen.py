@@ -1,0 +1,201 @@
+"""Generate the CustomResourceDefinitions in `crds/` from the pydantic models in `vivant.sessions.resources`.
+
+    python -m vivant.operator.crdgen crds/        # what `make crds` runs
+
+Pydantic emits JSON Schema (draft 2020-12, `$defs`/`$ref`, `anyOf` with null for optionals). The
+Kubernetes API server wants a *structural* OpenAPI v3.0 schema: every node typed, no `$ref`, no
+`anyOf` over types, no `additionalProperties` next to `properties`, no `title`/`const`. `to_structural`
+does that translation; bounds, enums, patterns, defaults, descriptions and CEL rules
+(`x-kubernetes-validations`) survive it. A test regenerates the CRDs in memory and fails on drift.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+from vivant.sessions import resources as r
+
+_DROP_KEYS = {"title", "$defs"}
+
+
+def _resolve(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, dict):
+        if "$ref" in node:
+            target = defs[node["$ref"].rsplit("/", 1)[-1]]
+            merged = {**_resolve(target, defs), **{k: v for k, v in node.items() if k != "$ref"}}
+            return _resolve(merged, defs)
+        return {k: _resolve(v, defs) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_resolve(v, defs) for v in node]
+    return node
+
+
+def _structural(node: dict[str, Any]) -> dict[str, Any]:
+    node = {k: v for k, v in node.items() if k not in _DROP_KEYS}
+    # Optional[X] -> X (absence is how Kubernetes spells "unset"; null is not needed on input).
+    if "anyOf" in node:
+        options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
+        if len(options) != 1:
+            raise ValueError(f"cannot express anyOf with {len(options)} non-null options structurally: {options}")
+        inner = _structural(options[0])
+        if node.get("default", "absent") is None:
+            node.pop("default")
+        node = {**inner, **node}
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    if "enum" in node and "type" not in node:
+        kinds = {type(v) for v in node["enum"]}
+        node["type"] = {str: "string", int: "integer", bool: "boolean"}[kinds.pop()]
+    for bound, plain in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(node.get(bound), int | float) and not isinstance(node.get(bound), bool):
+            node[plain] = node[bound]
+            node[bound] = True
+    if "properties" in node:
+        node["type"] = "object"
+        node["properties"] = {k: _structural(v) for k, v in node["properties"].items()}
+        if node.get("additionalProperties") is False:
+            # Unknown fields are pruned by the API server and reported by strict field validation.
+            node.pop("additionalProperties")
+        if not node.get("required"):
+            node.pop("required", None)
+    elif isinstance(node.get("additionalProperties"), dict):
+        node["additionalProperties"] = _structural(node["additionalProperties"])
+    if isinstance(node.get("items"), dict):
+        node["items"] = _structural(node["items"])
+    if node.get("format") == "date-time" and "type" not in node:
+        node["type"] = "string"
+    if "type" not in node:
+        raise ValueError(f"schema node without a type is not structural: {node}")
+    return node
+
+
+def to_structural(model: type[BaseModel]) -> dict[str, Any]:
+    """The structural openAPIV3Schema of one pydantic model (camelCase names, all refs inlined)."""
+    schema = model.model_json_schema(by_alias=True, mode="validation")
+    defs = schema.get("$defs", {})
+    return _structural(_resolve(schema, defs))
+
+
+def _object_schema(spec: type[BaseModel], status: type[BaseModel]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": to_structural(spec),
+            "status": to_structural(status),
+        },
+    }
+
+
+def _crd(
+    kind: str,
+    plural: str,
+    singular: str,
+    short_names: tuple[str, ...],
+    schema: dict[str, Any],
+    columns: list[dict[str, Any]],
+    subresources: dict[str, Any],
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{r.GROUP}"},
+        "spec": {
+            "group": r.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": singular,
+                "shortNames": list(short_names),
+                "categories": ["vivant"],
+            },
+            "versions": [
+                {
+                    "name": r.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": schema},
+                    "subresources": subresources,
+                    "additionalPrinterColumns": columns,
+                }
+            ],
+        },
+    }
+
+
+def session_crd() -> dict[str, Any]:
+    columns = [
+        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "Worker", "type": "string", "jsonPath": ".status.worker"},
+        {"name": "FPS", "type": "number", "jsonPath": ".status.avgFps"},
+        {"name": "Pool", "type": "string", "jsonPath": ".spec.pool", "priority": 1},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+    return _crd(
+        r.SESSION_KIND,
+        r.SESSION_PLURAL,
+        r.SESSION_SINGULAR,
+        r.SESSION_SHORT_NAMES,
+        _object_schema(r.CharacterSessionSpec, r.CharacterSessionStatus),
+        columns,
+        {"status": {}},
+    )
+
+
+def pool_crd() -> dict[str, Any]:
+    columns = [
+        {"name": "Ready", "type": "integer", "jsonPath": ".status.ready"},
+        {"name": "Idle", "type": "integer", "jsonPath": ".status.idle"},
+        {"name": "Busy", "type": "integer", "jsonPath": ".status.busy"},
+        {"name": "Max", "type": "integer", "jsonPath": ".spec.maxWorkers"},
+        {"name": "Fused", "type": "boolean", "jsonPath": ".status.flags.fusedGemmAllReduce"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+    scale = {
+        "specReplicasPath": ".spec.minIdle",
+        "statusReplicasPath": ".status.idle",
+        "labelSelectorPath": ".status.selector",
+    }
+    return _crd(
+        r.POOL_KIND,
+        r.POOL_PLURAL,
+        r.POOL_SINGULAR,
+        r.POOL_SHORT_NAMES,
+        _object_schema(r.WorkerPoolSpec, r.WorkerPoolStatus),
+        columns,
+        {"status": {}, "scale": scale},
+    )
+
+
+def render_all() -> dict[str, str]:
+    """File name -> YAML text of every CRD (what `crds/` must contain)."""
+    header = "# Generated by `make crds` (python -m vivant.operator.crdgen crds/) from sessions/resources.py. Do not edit.\n"
+    return {
+        f"{r.SESSION_PLURAL}.yaml": header + yaml.safe_dump(session_crd(), sort_keys=False, width=120),
+        f"{r.POOL_PLURAL}.yaml": header + yaml.safe_dump(pool_crd(), sort_keys=False, width=120),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vivant.operator.crdgen", description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", type=Path, help="folder to write the CRD YAML files into (crds/)")
+    args = parser.parse_args(argv)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in render_all().items():
+        (args.out_dir / name).write_text(text)
+        print(f"wrote {args.out_dir / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

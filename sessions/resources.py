@@ -1,0 +1,303 @@
+"""The typed source of vivant's two custom resources: CharacterSession and WorkerPool.
+
+One set of pydantic models is the truth for three consumers:
+- `vivant.operator.crdgen` turns them into the CRDs in `crds/` (openAPIV3Schema with bounds, enums,
+  patterns and CEL rules), so the API server rejects malformed objects before the operator sees them;
+- the operator parses every object it reconciles with them (defence in depth: a CRD installed by hand
+  may be older than the operator);
+- the session API and the worker share the same field names.
+
+Field names are camelCase in YAML (`alias_generator=to_camel`) and snake_case in Python; specs forbid
+unknown fields. Units are in the field names (`...Seconds`, `...Fps`). This module imports neither kopf
+nor kubernetes nor torch: it is plain data.
+
+Scale subresource of WorkerPool: `spec.minIdle` is the scaled quantity ("how many warm, idle workers to
+keep ready"), `status.idle` is what is there now. A HorizontalPodAutoscaler or `kubectl scale wp/x
+--replicas=3` therefore adjusts the warm headroom; the operator still sizes the StatefulSet as
+busy + minIdle, capped by `spec.maxWorkers`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "vivant.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+SESSION_KIND = "CharacterSession"
+SESSION_PLURAL = "charactersessions"
+SESSION_SINGULAR = "charactersession"
+SESSION_SHORT_NAMES = ("cs",)
+
+POOL_KIND = "WorkerPool"
+POOL_PLURAL = "workerpools"
+POOL_SINGULAR = "workerpool"
+POOL_SHORT_NAMES = ("wp",)
+
+# The SLO the auto-rollback guards (DESIGN.md section 1): a session averages >= 23.5 fps once it streamed >= 1 s.
+SLO_MIN_FPS = 23.5
+SLO_MIN_STREAMED_SECONDS = 1.0
+
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+IDENTIFIER = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+CONDITION_REASON = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+
+
+def pool_key(namespace: str, name: str) -> str:
+    """The id of a WorkerPool in Redis (registry and flags): `<namespace>/<name>`, unique per cluster."""
+    return f"{namespace}/{name}"
+
+
+class _Model(BaseModel):
+    """camelCase on the wire, snake_case in Python; unknown fields are an error."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class _StatusModel(BaseModel):
+    """Status is written by the operator; tolerate fields a newer operator may have added."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+# ---------------------------------------------------------------------------------------------- shared
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(_StatusModel):
+    """A Kubernetes-style condition: `type` is CamelCase, `reason` a machine-readable CamelCase word."""
+
+    type: Annotated[str, Field(min_length=1, max_length=64, pattern=CONDITION_REASON)]
+    status: ConditionStatus
+    reason: Annotated[str, Field(min_length=1, max_length=128, pattern=CONDITION_REASON)]
+    message: Annotated[str, Field(max_length=1024)] = ""
+    last_transition_time: datetime | None = None
+    observed_generation: Annotated[int, Field(ge=0)] | None = None
+
+
+class FeatureFlags(_Model):
+    """Live feature flags of a pool, applied by workers at the next chunk boundary (no restart).
+
+    Add a flag by adding a field here; `make crds` carries it into the schema.
+    """
+
+    fused_gemm_all_reduce: bool = Field(
+        default=False, description="Use the GEMM fused with the tensor-parallel all-reduce (faster path)."
+    )
+
+
+class FlagOverrides(_Model):
+    """Per-session overrides of pool flags; an unset field inherits the pool's value."""
+
+    fused_gemm_all_reduce: bool | None = None
+
+
+# ---------------------------------------------------------------------------------------- CharacterSession
+
+
+class SessionPhase(StrEnum):
+    PENDING = "Pending"
+    ASSIGNED = "Assigned"
+    CONNECTING = "Connecting"
+    STREAMING = "Streaming"
+    ENDED = "Ended"
+    FAILED = "Failed"
+
+
+TERMINAL_PHASES = frozenset({SessionPhase.ENDED, SessionPhase.FAILED})
+
+
+class LiveKitTarget(_Model):
+    """Where the character appears: a LiveKit server, a room on it and the voice agent it speaks for."""
+
+    url: Annotated[str, Field(min_length=6, max_length=512, pattern=r"^(wss?|https?)://[^\s/]+(/\S*)?$")] = Field(
+        description="LiveKit server URL (wss:// or https://)."
+    )
+    room: Annotated[str, Field(min_length=1, max_length=128, pattern=IDENTIFIER)] = Field(
+        description="LiveKit room name the worker joins."
+    )
+    agent_identity: Annotated[str, Field(min_length=1, max_length=128, pattern=IDENTIFIER)] = Field(
+        description="Identity of the voice agent the avatar publishes on behalf of."
+    )
+
+
+class CharacterSessionSpec(_Model):
+    character: Annotated[str, Field(min_length=1, max_length=128, pattern=IDENTIFIER)] = Field(
+        description="Character (model/avatar) id the worker renders."
+    )
+    pool: Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)] = Field(
+        description="Name of the WorkerPool (same namespace) that serves this session."
+    )
+    livekit: LiveKitTarget
+    max_duration_seconds: Annotated[int, Field(ge=10, le=86_400)] = Field(
+        default=1800, description="The session is ended after this many seconds of wall time since assignment."
+    )
+    flags: FlagOverrides | None = None
+
+
+class CharacterSessionStatus(_StatusModel):
+    phase: SessionPhase = SessionPhase.PENDING
+    worker: Annotated[str, Field(max_length=253)] | None = None
+    node: Annotated[str, Field(max_length=253)] | None = None
+    message: Annotated[str, Field(max_length=1024)] | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    assigned_at: datetime | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    avg_fps: Annotated[float, Field(ge=0)] | None = None
+    stalls: Annotated[int, Field(ge=0)] | None = None
+    chunk_p99_ms: Annotated[float, Field(ge=0)] | None = None
+    token_secret: Annotated[str, Field(max_length=253)] | None = Field(
+        default=None, description="Name of the Secret holding the session's LiveKit token (never the token)."
+    )
+    observed_generation: Annotated[int, Field(ge=0)] | None = None
+
+
+# ---------------------------------------------------------------------------------------------- WorkerPool
+
+
+class ModelSource(_Model):
+    preset: Literal["tiny", "57b"] = Field(description="Model shape preset (DESIGN.md section 1).")
+    checkpoint: Annotated[str, Field(min_length=2, max_length=1024, pattern=r"^(/|[a-z][a-z0-9+.-]*://)\S+$")] = Field(
+        description="Where the safetensors checkpoint lies: an absolute path in the image/volume or a URI."
+    )
+
+
+class Toleration(_Model):
+    key: Annotated[str, Field(max_length=253)] | None = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: Annotated[str, Field(max_length=63)] | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: Annotated[int, Field(ge=0)] | None = None
+
+
+class NodeSelectorRequirement(_Model):
+    key: Annotated[str, Field(min_length=1, max_length=253)]
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+    values: list[Annotated[str, Field(max_length=63)]] | None = None
+
+
+class NodeSelectorTerm(_Model):
+    match_expressions: list[NodeSelectorRequirement] = Field(min_length=1)
+
+
+class PreferredTerm(_Model):
+    weight: Annotated[int, Field(ge=1, le=100)]
+    preference: NodeSelectorTerm
+
+
+class NodeAffinity(_Model):
+    """The node-affinity subset a GPU pool needs (required terms, weighted preferences)."""
+
+    required: list[NodeSelectorTerm] | None = Field(
+        default=None, description="requiredDuringSchedulingIgnoredDuringExecution node selector terms (ORed)."
+    )
+    preferred: list[PreferredTerm] | None = Field(
+        default=None, description="preferredDuringSchedulingIgnoredDuringExecution terms."
+    )
+
+
+class WorkerPoolSpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "self.minIdle <= self.maxWorkers", "message": "minIdle must be <= maxWorkers"},
+                {
+                    "rule": "(self.gpusPerWorker - 1) % self.tensorParallel == 0",
+                    "message": "tensorParallel must divide the DiT GPU count (gpusPerWorker - 1; one GPU decodes)",
+                },
+            ]
+        }
+    )
+
+    model: ModelSource
+    image: Annotated[str, Field(min_length=1, max_length=512, pattern=r"^[^\s]+$")] = Field(
+        description="Worker container image."
+    )
+    gpus_per_worker: Annotated[int, Field(ge=2, le=16)] = Field(
+        default=5, description="GPUs per worker: tensor-parallel DiT GPUs + 1 decoder GPU."
+    )
+    tensor_parallel: Literal[1, 2, 4, 8] = Field(default=4, description="Tensor-parallel degree of the DiT.")
+    node_selector: dict[str, Annotated[str, Field(max_length=63)]] | None = None
+    tolerations: list[Toleration] | None = None
+    affinity: NodeAffinity | None = None
+    min_idle: Annotated[int, Field(ge=0, le=256)] = Field(
+        default=1, description="Warm idle workers to keep ready (the scale subresource's replicas)."
+    )
+    max_workers: Annotated[int, Field(ge=1, le=256)] = Field(description="Upper bound on workers (pods) in the pool.")
+    flags: FeatureFlags = Field(default_factory=FeatureFlags)
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> WorkerPoolSpec:
+        if self.min_idle > self.max_workers:
+            raise ValueError(f"minIdle ({self.min_idle}) must be <= maxWorkers ({self.max_workers})")
+        if (self.gpus_per_worker - 1) % self.tensor_parallel != 0:
+            raise ValueError(
+                f"tensorParallel ({self.tensor_parallel}) must divide the DiT GPU count "
+                f"gpusPerWorker - 1 = {self.gpus_per_worker - 1}"
+            )
+        return self
+
+
+class WorkerPoolStatus(_StatusModel):
+    replicas: Annotated[int, Field(ge=0)] = 0
+    ready: Annotated[int, Field(ge=0)] = 0
+    idle: Annotated[int, Field(ge=0)] = 0
+    busy: Annotated[int, Field(ge=0)] = 0
+    starting: Annotated[int, Field(ge=0)] = Field(default=0, description="Workers registered but still warming up.")
+    draining: Annotated[int, Field(ge=0)] = 0
+    selector: Annotated[str, Field(max_length=512)] | None = Field(
+        default=None, description="Label selector of the pool's pods (for the scale subresource)."
+    )
+    flag_version: Annotated[int, Field(ge=0)] | None = None
+    flags: dict[str, bool] | None = Field(default=None, description="Flags in force in Redis (what workers apply).")
+    flags_applied_generation: Annotated[int, Field(ge=0)] | None = Field(
+        default=None,
+        description="metadata.generation whose spec.flags were last written to Redis; the spec is re-applied "
+        "only when the generation changes, so CLI and automatic rollbacks stick until the spec is edited.",
+    )
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: Annotated[int, Field(ge=0)] | None = None
+
+
+# ---------------------------------------------------------------------------------------- whole objects
+
+
+class ObjectMeta(BaseModel):
+    """The part of metadata the models check; the API server owns the rest."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
+    namespace: str | None = None
+
+
+class CharacterSession(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    api_version: Literal["vivant.dev/v1alpha1"] = API_VERSION
+    kind: Literal["CharacterSession"] = SESSION_KIND
+    metadata: ObjectMeta
+    spec: CharacterSessionSpec
+    status: CharacterSessionStatus | None = None
+
+
+class WorkerPool(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    api_version: Literal["vivant.dev/v1alpha1"] = API_VERSION
+    kind: Literal["WorkerPool"] = POOL_KIND
+    metadata: ObjectMeta
+    spec: WorkerPoolSpec
+    status: WorkerPoolStatus | None = None
