@@ -1,0 +1,526 @@
+"""Redis session registry: warm workers, their leases, inboxes and per-session stats.
+
+Why Redis and Lua: several operator replicas (or an operator and its restarted self) may claim workers
+at the same time; every state change that must not interleave — claim, release, register, reap — is ONE
+Lua script, which Redis runs atomically. A worker never holds two sessions and a session never has two
+workers. (Scripts build key names from a prefix, so this needs a single Redis or Sentinel, not Cluster.)
+
+Key layout (prefix `vivant:`), per pool P and worker W, session S:
+  pool:P:workers   set    registered workers of P (alive or not yet reaped)
+  pool:P:warm      set    workers whose model is loaded (may take sessions)
+  pool:P:idle      set    warm, free, not draining: claimable
+  pool:P:busy      hash   W -> S  (the lease)
+  pool:P:draining  set    workers to take no new sessions (scale-down)
+  worker_pool      hash   W -> P
+  session_worker   hash   S -> W
+  worker:W         string WorkerInfo JSON
+  worker:W:hb      string heartbeat, expires after heartbeat_ttl_s; value = the worker's stats JSON
+  worker:W:inbox   list   Assignment / EndRequest JSON, operator RPUSHes, worker LMOVEs ->
+  worker:W:processing list  popped but not yet acknowledged (requeued if the worker restarts)
+  session:S:stats  string SessionStats JSON (kept a day)
+  session:S:lost   string why a session lost its worker (heartbeat expired, worker restarted), kept a day
+  deadletter       list   malformed inbox messages with the error that rejected them (newest first)
+
+Outages: every public method raises `RegistryUnavailable` (wrapping redis' ConnectionError/TimeoutError)
+when Redis cannot be reached; callers decide to retry (operator) or carry on (a streaming worker).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, ParamSpec, TypeVar
+
+import redis
+from pydantic import ValidationError
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+from vivant.sessions.models import (
+    INBOX_MESSAGE,
+    Assignment,
+    EndRequest,
+    PoolCounts,
+    SessionStats,
+    WorkerInfo,
+    describe_validation_error,
+)
+
+log = logging.getLogger(__name__)
+
+PREFIX = "vivant:"
+SESSION_RECORD_TTL_S = 24 * 3600
+DEADLETTER_MAX = 10_000
+MAX_BLOCK_S = 5.0  # longest single blocking inbox wait; keeps it under the client's socket timeout
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class RegistryUnavailable(RuntimeError):
+    """Redis could not be reached (connection refused, reset, timed out). Safe to retry."""
+
+
+class SessionConflict(RuntimeError):
+    """A session id is already held by a worker of another pool."""
+
+
+def redis_client(url: str) -> redis.Redis:
+    """A client tuned for the control plane: fail fast when Redis is down (one quick reconnect try
+    for a stale pooled connection, then `RegistryUnavailable`), never hang forever."""
+    return redis.Redis.from_url(
+        url,
+        socket_connect_timeout=2.0,
+        socket_timeout=MAX_BLOCK_S + 5.0,
+        retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), 1),
+        health_check_interval=0,
+    )
+
+
+def guarded(fn: Callable[P, T]) -> Callable[P, T]:
+    """Turn redis' connection-level errors into RegistryUnavailable (keeps the cause)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return fn(*args, **kwargs)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise RegistryUnavailable(f"redis unavailable during {fn.__name__}: {exc}") from exc
+
+    return wrapper
+
+
+def _s(value: bytes | str | None) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else value
+
+
+# ------------------------------------------------------------------------------------------------
+# Lua scripts. ARGV[1] is always the key prefix; pool/worker/session ids follow.
+# ------------------------------------------------------------------------------------------------
+
+_LUA_HELPERS = """
+local pfx = ARGV[1]
+local function pk(pool, what) return pfx .. 'pool:' .. pool .. ':' .. what end
+local function hb(w) return pfx .. 'worker:' .. w .. ':hb' end
+"""
+
+# ARGV: prefix, pool, session -> worker id | false
+_CLAIM = _LUA_HELPERS + """
+local pool, session = ARGV[2], ARGV[3]
+local sw = pfx .. 'session_worker'
+local existing = redis.call('HGET', sw, session)
+if existing then
+  local epool = redis.call('HGET', pfx .. 'worker_pool', existing)
+  if epool and redis.call('HGET', pk(epool, 'busy'), existing) == session then
+    if epool == pool then return existing end
+    return redis.error_reply('CONFLICT session ' .. session .. ' is held by worker ' .. existing .. ' of pool ' .. epool)
+  end
+  redis.call('HDEL', sw, session)
+end
+local idle = redis.call('SMEMBERS', pk(pool, 'idle'))
+table.sort(idle)
+for _, w in ipairs(idle) do
+  if redis.call('EXISTS', hb(w)) == 1 and redis.call('SISMEMBER', pk(pool, 'draining'), w) == 0
+     and redis.call('HEXISTS', pk(pool, 'busy'), w) == 0 then
+    redis.call('SREM', pk(pool, 'idle'), w)
+    redis.call('HSET', pk(pool, 'busy'), w, session)
+    redis.call('HSET', sw, session, w)
+    return w
+  end
+end
+return false
+"""
+
+# ARGV: prefix, pool, worker, session -> 1 released | 0 not held
+_RELEASE = _LUA_HELPERS + """
+local pool, w, session = ARGV[2], ARGV[3], ARGV[4]
+if redis.call('HGET', pk(pool, 'busy'), w) ~= session then return 0 end
+redis.call('HDEL', pk(pool, 'busy'), w)
+if redis.call('HGET', pfx .. 'session_worker', session) == w then redis.call('HDEL', pfx .. 'session_worker', session) end
+if redis.call('SISMEMBER', pk(pool, 'workers'), w) == 1 and redis.call('SISMEMBER', pk(pool, 'warm'), w) == 1
+   and redis.call('SISMEMBER', pk(pool, 'draining'), w) == 0 and redis.call('EXISTS', hb(w)) == 1 then
+  redis.call('SADD', pk(pool, 'idle'), w)
+end
+return 1
+"""
+
+# ARGV: prefix, pool, worker, info json, warm ('1'|'0'), ttl ms, session ('' = none)
+# -> 1 ok (session kept if given) | 0 the given session is lost (reaped or held by another worker)
+_REGISTER = _LUA_HELPERS + """
+local pool, w, info, warm, ttl, session = ARGV[2], ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6]), ARGV[7]
+local oldpool = redis.call('HGET', pfx .. 'worker_pool', w)
+if oldpool and oldpool ~= pool then
+  for _, what in ipairs({'workers', 'warm', 'idle', 'draining'}) do redis.call('SREM', pk(oldpool, what), w) end
+end
+redis.call('SET', pfx .. 'worker:' .. w, info)
+redis.call('HSET', pfx .. 'worker_pool', w, pool)
+redis.call('SADD', pk(pool, 'workers'), w)
+redis.call('SET', hb(w), '{}', 'PX', ttl)
+if warm == '1' then redis.call('SADD', pk(pool, 'warm'), w) else redis.call('SREM', pk(pool, 'warm'), w) end
+local result = 1
+if session ~= '' then
+  local holder = redis.call('HGET', pfx .. 'session_worker', session)
+  if redis.call('EXISTS', pfx .. 'session:' .. session .. ':lost') == 1 or (holder and holder ~= w) then
+    result = 0
+  else
+    redis.call('HSET', pk(pool, 'busy'), w, session)
+    redis.call('HSET', pfx .. 'session_worker', session, w)
+  end
+end
+if redis.call('HEXISTS', pk(pool, 'busy'), w) == 1 then
+  redis.call('SREM', pk(pool, 'idle'), w)
+elseif warm == '1' and redis.call('SISMEMBER', pk(pool, 'draining'), w) == 0 then
+  redis.call('SADD', pk(pool, 'idle'), w)
+end
+return result
+"""
+
+# ARGV: prefix, pool, worker, ttl ms, stats json -> 1 | 0 unknown worker (must re-register)
+_HEARTBEAT = _LUA_HELPERS + """
+local pool, w = ARGV[2], ARGV[3]
+if redis.call('SISMEMBER', pk(pool, 'workers'), w) == 0 then return 0 end
+redis.call('SET', hb(w), ARGV[5], 'PX', tonumber(ARGV[4]))
+return 1
+"""
+
+# ARGV: prefix, pool, worker -> 1 | 0
+_SET_WARM = _LUA_HELPERS + """
+local pool, w = ARGV[2], ARGV[3]
+if redis.call('SISMEMBER', pk(pool, 'workers'), w) == 0 then return 0 end
+redis.call('SADD', pk(pool, 'warm'), w)
+if redis.call('HEXISTS', pk(pool, 'busy'), w) == 0 and redis.call('SISMEMBER', pk(pool, 'draining'), w) == 0 then
+  redis.call('SADD', pk(pool, 'idle'), w)
+end
+return 1
+"""
+
+# Remove one worker from every pool structure; tombstone its session. Used by reap and deregister.
+_DROP_WORKER_FN = """
+local function drop(pool, w, why)
+  for _, what in ipairs({'workers', 'warm', 'idle', 'draining'}) do redis.call('SREM', pk(pool, what), w) end
+  redis.call('DEL', pfx .. 'worker:' .. w)
+  redis.call('DEL', hb(w))
+  local s = redis.call('HGET', pk(pool, 'busy'), w)
+  redis.call('HDEL', pk(pool, 'busy'), w)
+  if s then
+    if redis.call('HGET', pfx .. 'session_worker', s) == w then redis.call('HDEL', pfx .. 'session_worker', s) end
+    redis.call('SET', pfx .. 'session:' .. s .. ':lost', why, 'EX', tonumber(ARGV[#ARGV]))
+    return s
+  end
+  return ''
+end
+"""
+
+# ARGV: prefix, pool, ttl s -> flat list [w1, s1, w2, s2, ...] ('' = no session)
+_REAP = _LUA_HELPERS + _DROP_WORKER_FN + """
+local pool = ARGV[2]
+local out = {}
+for _, w in ipairs(redis.call('SMEMBERS', pk(pool, 'workers'))) do
+  if redis.call('EXISTS', hb(w)) == 0 then
+    local s = drop(pool, w, 'heartbeat of worker ' .. w .. ' expired')
+    table.insert(out, w)
+    table.insert(out, s)
+  end
+end
+return out
+"""
+
+# ARGV: prefix, pool, worker, reason, ttl s -> session id | ''
+_DEREGISTER = _LUA_HELPERS + _DROP_WORKER_FN + """
+return drop(ARGV[2], ARGV[3], ARGV[4])
+"""
+
+# ARGV: prefix, pool, worker, session, reason, ttl s -> 1 | 0: give up a held session (worker restarted)
+_ABANDON = _LUA_HELPERS + """
+local pool, w, session = ARGV[2], ARGV[3], ARGV[4]
+if redis.call('HGET', pk(pool, 'busy'), w) ~= session then return 0 end
+redis.call('HDEL', pk(pool, 'busy'), w)
+if redis.call('HGET', pfx .. 'session_worker', session) == w then redis.call('HDEL', pfx .. 'session_worker', session) end
+redis.call('SET', pfx .. 'session:' .. session .. ':lost', ARGV[5], 'EX', tonumber(ARGV[6]))
+if redis.call('SISMEMBER', pk(pool, 'warm'), w) == 1 and redis.call('SISMEMBER', pk(pool, 'draining'), w) == 0 then
+  redis.call('SADD', pk(pool, 'idle'), w)
+end
+return 1
+"""
+
+# ARGV: prefix, pool -> {registered, loading, idle, busy, draining, dead}
+_COUNTS = _LUA_HELPERS + """
+local pool = ARGV[2]
+local c = {0, 0, 0, 0, 0, 0}
+for _, w in ipairs(redis.call('SMEMBERS', pk(pool, 'workers'))) do
+  if redis.call('EXISTS', hb(w)) == 1 then
+    c[1] = c[1] + 1
+    if redis.call('SISMEMBER', pk(pool, 'warm'), w) == 0 then c[2] = c[2] + 1 end
+    if redis.call('SISMEMBER', pk(pool, 'idle'), w) == 1 then c[3] = c[3] + 1 end
+    if redis.call('HEXISTS', pk(pool, 'busy'), w) == 1 then c[4] = c[4] + 1 end
+    if redis.call('SISMEMBER', pk(pool, 'draining'), w) == 1 then c[5] = c[5] + 1 end
+  else
+    c[6] = c[6] + 1
+  end
+end
+return c
+"""
+
+# ARGV: prefix, pool, worker... -> number newly marked
+_DRAIN = _LUA_HELPERS + """
+local pool = ARGV[2]
+local n = 0
+for i = 3, #ARGV do
+  local w = ARGV[i]
+  if redis.call('SISMEMBER', pk(pool, 'workers'), w) == 1 then
+    n = n + redis.call('SADD', pk(pool, 'draining'), w)
+    redis.call('SREM', pk(pool, 'idle'), w)
+  end
+end
+return n
+"""
+
+
+class Registry:
+    """The session registry. One instance per process is enough; it is thread-safe (redis-py pools
+    connections), so a worker's heartbeat thread and its main loop may share it.
+
+    `redis`: a URL (a fail-fast client is built, see `redis_client`) or a ready `redis.Redis`.
+    `heartbeat_ttl_s`: a worker whose heartbeat is older than this is dead; it should beat every ttl/3.
+    """
+
+    def __init__(self, redis_: str | redis.Redis, *, heartbeat_ttl_s: float = 10.0, prefix: str = PREFIX) -> None:
+        if heartbeat_ttl_s <= 0:
+            raise ValueError(f"heartbeat_ttl_s: expected > 0 seconds, got {heartbeat_ttl_s}")
+        self.redis = redis_client(redis_) if isinstance(redis_, str) else redis_
+        self.heartbeat_ttl_s = heartbeat_ttl_s
+        self.prefix = prefix
+        r = self.redis
+        self._claim = r.register_script(_CLAIM)
+        self._release = r.register_script(_RELEASE)
+        self._register = r.register_script(_REGISTER)
+        self._heartbeat = r.register_script(_HEARTBEAT)
+        self._set_warm = r.register_script(_SET_WARM)
+        self._reap = r.register_script(_REAP)
+        self._deregister = r.register_script(_DEREGISTER)
+        self._abandon = r.register_script(_ABANDON)
+        self._counts = r.register_script(_COUNTS)
+        self._drain = r.register_script(_DRAIN)
+
+    # -- key names ---------------------------------------------------------------------------------
+    def _k(self, *parts: str) -> str:
+        return self.prefix + ":".join(parts)
+
+    def inbox_key(self, worker_id: str) -> str:
+        return self._k("worker", worker_id, "inbox")
+
+    def processing_key(self, worker_id: str) -> str:
+        return self._k("worker", worker_id, "processing")
+
+    @property
+    def deadletter_key(self) -> str:
+        return self._k("deadletter")
+
+    @property
+    def _ttl_ms(self) -> int:
+        return max(1, int(self.heartbeat_ttl_s * 1000))
+
+    def close(self) -> None:
+        self.redis.close()
+
+    # ==============================================================================================
+    # worker side
+    # ==============================================================================================
+    @guarded
+    def register(self, info: WorkerInfo, *, session_id: str | None = None) -> bool:
+        """Register (or re-register after an outage) a worker and start its heartbeat.
+
+        A warm worker with no lease becomes idle. `session_id`: the session this worker is streaming
+        right now (re-registration after Redis came back empty): its lease is restored. Returns False
+        when that session cannot be kept — it was reaped (heartbeat expired) or is held by another
+        worker — and the worker must stop streaming it. Always True without `session_id`. An existing
+        lease is kept (an assignment for it may be waiting in the inbox; see `recover_unacked`)."""
+        return bool(
+            self._register(
+                args=[self.prefix, info.pool, info.worker_id, info.model_dump_json(), "1" if info.warm else "0",
+                      self._ttl_ms, session_id or ""]
+            )
+        )
+
+    @guarded
+    def heartbeat(self, worker_id: str, pool: str, stats: dict[str, Any] | None = None) -> bool:
+        """Refresh the heartbeat TTL. False = the registry does not know this worker (Redis restarted
+        empty, or it was reaped): call `register` again."""
+        return bool(self._heartbeat(args=[self.prefix, pool, worker_id, self._ttl_ms, json.dumps(stats or {})]))
+
+    @guarded
+    def set_warm(self, worker_id: str, pool: str) -> bool:
+        """The model is loaded: the worker may take sessions (becomes idle unless busy/draining)."""
+        return bool(self._set_warm(args=[self.prefix, pool, worker_id]))
+
+    @guarded
+    def next_message(self, worker_id: str, timeout_s: float) -> Assignment | EndRequest | None:
+        """Pop the next inbox message into the processing list (at-least-once delivery; `ack` removes
+        it). `timeout_s <= 0` does not block; longer waits are capped at MAX_BLOCK_S. Returns None on
+        timeout. A malformed message (bad JSON, missing or wrong fields) is logged with the field that
+        is wrong, moved to the dead-letter list with the error, and skipped."""
+        inbox, processing = self.inbox_key(worker_id), self.processing_key(worker_id)
+        deadline = time.monotonic() + max(0.0, min(timeout_s, MAX_BLOCK_S))
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raw = self.redis.lmove(inbox, processing, "LEFT", "RIGHT")
+            else:
+                raw = self.redis.blmove(inbox, processing, max(0.01, left), "LEFT", "RIGHT")
+            if raw is None:
+                return None
+            try:
+                return INBOX_MESSAGE.validate_json(raw)
+            except ValidationError as exc:
+                self._dead_letter(worker_id, raw, describe_validation_error(exc))
+            if time.monotonic() >= deadline:
+                return None
+
+    def _dead_letter(self, worker_id: str, raw: bytes | str, error: str) -> None:
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        log.error("worker %s: rejected inbox message (%s); moved to %s", worker_id, error, self.deadletter_key)
+        entry = json.dumps({"worker_id": worker_id, "error": error, "raw": text, "at": time.time()})
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.lpush(self.deadletter_key, entry)
+        pipe.ltrim(self.deadletter_key, 0, DEADLETTER_MAX - 1)
+        pipe.lrem(self.processing_key(worker_id), 1, raw)
+        pipe.execute()
+
+    @guarded
+    def ack(self, worker_id: str, message: Assignment | EndRequest) -> bool:
+        """Remove a handled message from the processing list (for an Assignment: once the session has
+        started, or once it was refused). Matches by kind and session id."""
+        key = self.processing_key(worker_id)
+        for raw in self.redis.lrange(key, 0, -1):
+            try:
+                held = INBOX_MESSAGE.validate_json(raw)
+            except ValidationError:
+                continue
+            if held.kind == message.kind and held.session_id == message.session_id:
+                return bool(self.redis.lrem(key, 1, raw))
+        return False
+
+    @guarded
+    def recover_unacked(self, worker_id: str) -> int:
+        """Worker start-up: put messages popped by a previous incarnation but never acknowledged back
+        at the head of the inbox, in their order. Returns how many."""
+        n = 0
+        while self.redis.lmove(self.processing_key(worker_id), self.inbox_key(worker_id), "RIGHT", "LEFT") is not None:
+            n += 1
+        return n
+
+    @guarded
+    def report_session(self, session_id: str, stats: SessionStats) -> None:
+        """Publish a session's progress (kept a day after the last report)."""
+        self.redis.set(self._k("session", session_id, "stats"), stats.model_dump_json(), ex=SESSION_RECORD_TTL_S)
+
+    @guarded
+    def finish(self, pool: str, worker_id: str, session_id: str, reason: str) -> bool:
+        """Worker side, at session end: give the lease back (the worker becomes idle again). The reason
+        travels in the last `report_session`; it is logged here. False if the lease was already gone."""
+        released = bool(self._release(args=[self.prefix, pool, worker_id, session_id]))
+        log.info("worker %s finished session %s (%s); lease %s", worker_id, session_id, reason,
+                 "released" if released else "was already gone")
+        return released
+
+    @guarded
+    def abandon(self, pool: str, worker_id: str, session_id: str, reason: str) -> bool:
+        """Give up a lease whose session this worker is not running (it restarted mid-session): the
+        session is marked lost with `reason` (see `lost_reason`) and the worker becomes idle."""
+        return bool(self._abandon(args=[self.prefix, pool, worker_id, session_id, reason, SESSION_RECORD_TTL_S]))
+
+    @guarded
+    def deregister(self, worker_id: str, pool: str, reason: str = "worker deregistered") -> str | None:
+        """Graceful shutdown: remove the worker everywhere. Returns the session it held (now marked
+        lost with `reason`), if any."""
+        return _s(self._deregister(args=[self.prefix, pool, worker_id, reason, SESSION_RECORD_TTL_S])) or None
+
+    # ==============================================================================================
+    # operator side
+    # ==============================================================================================
+    @guarded
+    def claim_idle_worker(self, pool: str, session_id: str) -> str | None:
+        """Atomically lease an idle, alive, non-draining worker of `pool` to `session_id`. Idempotent:
+        claiming again for the same session returns the same worker. None when no worker is idle.
+        Raises SessionConflict if a worker of another pool holds this session."""
+        try:
+            return _s(self._claim(args=[self.prefix, pool, session_id]))
+        except redis.ResponseError as exc:
+            if str(exc).startswith("CONFLICT"):
+                raise SessionConflict(str(exc).removeprefix("CONFLICT ")) from None
+            raise
+
+    @guarded
+    def send_assignment(self, worker_id: str, assignment: Assignment) -> None:
+        """Append an assignment (with its token) to the worker's inbox."""
+        self.redis.rpush(self.inbox_key(worker_id), assignment.to_wire())
+
+    @guarded
+    def send_end(self, worker_id: str, session_id: str, reason: str) -> None:
+        """Ask the worker to stop streaming `session_id` at its next chunk boundary."""
+        self.redis.rpush(self.inbox_key(worker_id), EndRequest(session_id=session_id, reason=reason).model_dump_json())
+
+    @guarded
+    def release(self, pool: str, worker_id: str, session_id: str) -> bool:
+        """Free the lease only if `worker_id` still holds `session_id` (True); otherwise change nothing."""
+        return bool(self._release(args=[self.prefix, pool, worker_id, session_id]))
+
+    @guarded
+    def reap_dead_workers(self, pool: str) -> list[tuple[str, str | None]]:
+        """Remove workers whose heartbeat expired; returns (worker_id, session it held or None) so the
+        operator can mark those sessions Failed. Their sessions are marked lost."""
+        flat = [_s(x) for x in self._reap(args=[self.prefix, pool, SESSION_RECORD_TTL_S])]
+        return [(flat[i], flat[i + 1] or None) for i in range(0, len(flat), 2)]  # type: ignore[misc]
+
+    @guarded
+    def pool_counts(self, pool: str) -> PoolCounts:
+        registered, loading, idle, busy, draining, dead = self._counts(args=[self.prefix, pool])
+        return PoolCounts(pool=pool, registered=registered, loading=loading, idle=idle, busy=busy,
+                          draining=draining, dead=dead)
+
+    @guarded
+    def session_stats(self, session_id: str) -> SessionStats | None:
+        raw = self.redis.get(self._k("session", session_id, "stats"))
+        return None if raw is None else SessionStats.model_validate_json(raw)
+
+    @guarded
+    def worker_of(self, session_id: str) -> str | None:
+        """The worker holding `session_id`'s lease, if any."""
+        return _s(self.redis.hget(self._k("session_worker"), session_id))
+
+    @guarded
+    def session_of(self, pool: str, worker_id: str) -> str | None:
+        """The session `worker_id` holds a lease for, if any."""
+        return _s(self.redis.hget(self._k("pool", pool, "busy"), worker_id))
+
+    @guarded
+    def lost_reason(self, session_id: str) -> str | None:
+        """Why a session lost its worker (reaped, deregistered, abandoned), if it did."""
+        return _s(self.redis.get(self._k("session", session_id, "lost")))
+
+    @guarded
+    def set_draining(self, pool: str, worker_ids: Iterable[str]) -> int:
+        """Mark workers as draining: they take no new session (a busy one finishes its current one).
+        Returns how many were newly marked."""
+        ids = list(worker_ids)
+        return int(self._drain(args=[self.prefix, pool, *ids])) if ids else 0
+
+    @guarded
+    def workers(self, pool: str) -> dict[str, WorkerInfo]:
+        """Registered workers of a pool (alive or not yet reaped) with what they said about themselves."""
+        ids = sorted(_s(w) for w in self.redis.smembers(self._k("pool", pool, "workers")))
+        raws = self.redis.mget([self._k("worker", w) for w in ids]) if ids else []
+        return {w: WorkerInfo.model_validate_json(raw) for w, raw in zip(ids, raws, strict=True) if raw}
+
+    @guarded
+    def idle_workers(self, pool: str) -> list[str]:
+        return sorted(_s(w) for w in self.redis.smembers(self._k("pool", pool, "idle")))
+
+    @guarded
+    def dead_letters(self, n: int = 100) -> list[dict[str, Any]]:
+        """The newest `n` rejected inbox messages: {worker_id, error, raw, at}."""
+        return [json.loads(x) for x in self.redis.lrange(self.deadletter_key, 0, n - 1)]
