@@ -55,9 +55,9 @@ def pool_key(namespace: str, name: str) -> str:
 
 
 class _Model(BaseModel):
-    """camelCase on the wire, snake_case in Python; unknown fields are an error."""
+    """camelCase on the wire, snake_case in Python; unknown fields and type coercions ("yes" -> True) are errors."""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", strict=True)
 
 
 class _StatusModel(BaseModel):

@@ -1,0 +1,66 @@
+"""The operator's own settings (not from any custom resource): Redis, LiveKit credentials, timeouts.
+
+Read once at start-up, from the command line (`vivant operator`) or from the environment the chart
+sets (`OperatorConfig.from_env`), and handed to the handlers through kopf's memo. Immutable; there is
+no global config. A bad value raises ValueError naming the variable and what was expected.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from vivant.operator.builders import WorkerRuntime
+from vivant.operator.livekit_tokens import LiveKitCredentials
+from vivant.operator.reconcile import Timeouts
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    redis_url: str
+    livekit: LiveKitCredentials = field(repr=True)
+    timeouts: Timeouts = Timeouts()
+    runtime: WorkerRuntime = WorkerRuntime()
+    heartbeat_ttl_s: float = 10.0
+    token_ttl: timedelta = timedelta(minutes=10)
+    metrics_port: int | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
+        env = os.environ if env is None else env
+
+        def need(name: str) -> str:
+            value = env.get(name, "")
+            if not value:
+                raise ValueError(f"{name}: expected a non-empty value in the operator's environment")
+            return value
+
+        def seconds(name: str, default: float) -> float:
+            raw = env.get(name)
+            if raw is None or raw == "":
+                return default
+            try:
+                value = float(raw)
+            except ValueError:
+                raise ValueError(f"{name}: expected a number of seconds, got {raw!r}") from None
+            if value <= 0:
+                raise ValueError(f"{name}: expected a positive number of seconds, got {raw!r}")
+            return value
+
+        port = env.get("VIVANT_OPERATOR_METRICS_PORT")
+        if port not in (None, "") and not port.isdigit():
+            raise ValueError(f"VIVANT_OPERATOR_METRICS_PORT: expected a port number, got {port!r}")
+        return cls(
+            redis_url=need("VIVANT_REDIS_URL"),
+            livekit=LiveKitCredentials(need("LIVEKIT_API_KEY"), need("LIVEKIT_API_SECRET")),
+            timeouts=Timeouts(
+                pending_s=seconds("VIVANT_PENDING_TIMEOUT_S", Timeouts.pending_s),
+                connect_s=seconds("VIVANT_CONNECT_TIMEOUT_S", Timeouts.connect_s),
+            ),
+            runtime=WorkerRuntime(redis_secret=env.get("VIVANT_WORKER_REDIS_SECRET") or WorkerRuntime.redis_secret),
+            heartbeat_ttl_s=seconds("VIVANT_HEARTBEAT_TTL_S", 10.0),
+            token_ttl=timedelta(seconds=seconds("VIVANT_TOKEN_TTL_S", 600.0)),
+            metrics_port=int(port) if port else None,
+        )

@@ -1,0 +1,334 @@
+"""The operator's decisions, level-triggered: read the object and Redis, return what to write.
+
+The kopf handlers (`handlers.py`) are thin: they parse the object, call one function here and apply
+what it returns (status patch, Secret, Event). Everything here talks to Redis only through
+`vivant.sessions.registry.Registry` and `vivant.sessions.flags.FlagStore`, and to Kubernetes not at
+all (the token Secret is written through the `apply_secret` callable the handler passes), so the
+tests drive these functions directly against a real Redis as well as through kopf.
+
+Each function is idempotent: running it again on the same state changes nothing (claims are
+idempotent per session id in the registry; releases check the lease; flag writes with equal values
+do not bump the version). Times are wall-clock `datetime` in UTC; durations are seconds.
+
+Session lifecycle (status.phase):
+  Pending --claim+token+assignment--> Assigned --worker reports--> Connecting --> Streaming
+  --> Ended (worker ended / deleted / max duration)  |  Failed (timeout, worker lost, bad spec).
+
+Flag rule ("the spec wins on reconcile"): spec.flags are written to Redis when metadata.generation
+differs from status.flagsAppliedGeneration, i.e. on creation and on every spec edit. A rollback by
+the CLI (`vivant flags set`) or by the operator's auto-rollback therefore stays in force until the
+user edits the WorkerPool spec; an operator restart does not undo it.
+
+Auto-rollback: a session that ran on the fused path (flag fusedGemmAllReduce on) and either reports
+a numerical fault, or averages below 23.5 fps after at least 1 s of streaming, turns the flag off for
+its pool (actor `operator:auto-rollback`); the pool handler records the Event and a condition.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from vivant.operator import builders as b
+from vivant.operator.livekit_tokens import LiveKitCredentials, avatar_identity, mint_worker_token
+from vivant.sessions import resources as r
+from vivant.sessions.flags import FlagStore
+from vivant.sessions.models import Assignment, FlagSet
+from vivant.sessions.registry import Registry
+
+log = logging.getLogger(__name__)
+
+AUTO_ROLLBACK_ACTOR = "operator:auto-rollback"
+FUSED_FLAG = "fusedGemmAllReduce"
+_STATS_PHASES = {
+    "Connecting": r.SessionPhase.CONNECTING,
+    "Streaming": r.SessionPhase.STREAMING,
+    "Ended": r.SessionPhase.ENDED,
+    "Failed": r.SessionPhase.FAILED,
+}
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """How long a session may wait in each phase before it is failed (seconds)."""
+
+    pending_s: float = 300.0  # no idle worker in the pool
+    connect_s: float = 60.0  # Assigned/Connecting -> Streaming
+
+
+@dataclass(frozen=True)
+class SessionRef:
+    namespace: str
+    name: str
+    uid: str
+    created: datetime
+
+    @property
+    def session_id(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def owner(self) -> b.Owner:
+        return b.Owner(kind=r.SESSION_KIND, name=self.name, uid=self.uid)
+
+
+@dataclass
+class Outcome:
+    """What a reconcile step wants written. `retry_s` set = not converged yet, run again after it."""
+
+    status: dict[str, Any] = field(default_factory=dict)
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+    retry_s: float | None = None
+    rollback: tuple[str, str] | None = None  # (pool key, reason) when the fused path burned the SLO
+    assigned_after_s: float | None = None  # created -> assigned, for the latency histogram
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+# ---------------------------------------------------------------------------------------- sessions
+
+
+def assign_session(
+    ref: SessionRef,
+    spec: r.CharacterSessionSpec,
+    status: dict[str, Any],
+    *,
+    registry: Registry,
+    credentials: LiveKitCredentials,
+    apply_secret: Callable[[dict[str, Any]], None],
+    timeouts: Timeouts,
+    now: datetime,
+    token_ttl: timedelta = timedelta(minutes=10),
+) -> Outcome:
+    """Pending -> Assigned: lease an idle worker, mint the token into a Secret, send the assignment."""
+    if status.get("phase") not in (None, r.SessionPhase.PENDING.value) or status.get("worker"):
+        return Outcome()
+    pool = r.pool_key(ref.namespace, spec.pool)
+    worker = registry.claim_idle_worker(pool, ref.session_id)
+    if worker is None:
+        waited = (now - ref.created).total_seconds()
+        if waited > timeouts.pending_s:
+            msg = f"no idle worker in pool {spec.pool} for {waited:.0f}s (limit {timeouts.pending_s:.0f}s)"
+            return Outcome(status=b.session_phase_patch(status, r.SessionPhase.FAILED, "NoIdleWorker", msg, now=now),
+                           events=[("Warning", "NoIdleWorker", msg)])
+        msg = f"waiting for an idle worker in pool {spec.pool}"
+        patch = b.session_phase_patch(status, r.SessionPhase.PENDING, "WaitingForWorker", msg, now=now)
+        return Outcome(status=patch if status.get("message") != msg else {}, retry_s=2.0)
+
+    token = mint_worker_token(
+        credentials, room=spec.livekit.room, identity=avatar_identity(ref.name),
+        agent_identity=spec.livekit.agent_identity, ttl=token_ttl,
+    )
+    apply_secret(b.build_token_secret(ref.name, ref.namespace, ref.owner(), token))
+    overrides = spec.flags.model_dump(by_alias=True, exclude_none=True) if spec.flags else {}
+    registry.send_assignment(worker, Assignment(
+        session_id=ref.session_id, namespace=ref.namespace, pool=pool, character=spec.character,
+        room=spec.livekit.room, livekit_url=spec.livekit.url, agent_identity=spec.livekit.agent_identity,
+        token=token, max_duration_s=float(spec.max_duration_seconds), flag_overrides=overrides,
+    ))
+    msg = f"assigned to worker {worker}"
+    patch = b.session_phase_patch(
+        status, r.SessionPhase.ASSIGNED, "WorkerAssigned", msg, now=now,
+        worker=worker, assigned_at=b.now_iso(now), token_secret=b.token_secret_name(ref.name),
+    )
+    return Outcome(status=patch, events=[("Normal", "WorkerAssigned", msg)],
+                   assigned_after_s=max(0.0, (now - ref.created).total_seconds()))
+
+
+def _end(ref: SessionRef, pool: str, worker: str, registry: Registry, reason: str) -> None:
+    registry.send_end(worker, ref.session_id, reason)
+    registry.release(pool, worker, ref.session_id)
+
+
+def progress_session(
+    ref: SessionRef,
+    spec: r.CharacterSessionSpec,
+    status: dict[str, Any],
+    *,
+    registry: Registry,
+    timeouts: Timeouts,
+    now: datetime,
+) -> Outcome:
+    """Assigned/Connecting/Streaming: mirror the worker's stats; fail on loss/timeouts; end at max duration."""
+    phase = status.get("phase")
+    worker = status.get("worker")
+    if phase not in (r.SessionPhase.ASSIGNED, r.SessionPhase.CONNECTING, r.SessionPhase.STREAMING) or not worker:
+        return Outcome()
+    pool = r.pool_key(ref.namespace, spec.pool)
+    sid = ref.session_id
+
+    lost = registry.lost_reason(sid)
+    if lost is not None:
+        msg = f"worker {worker} lost: {lost}"
+        return Outcome(status=b.session_phase_patch(status, r.SessionPhase.FAILED, "WorkerLost", msg, now=now),
+                       events=[("Warning", "WorkerLost", msg)])
+
+    stats = registry.session_stats(sid)
+    fields: dict[str, Any] = {}
+    new_phase = r.SessionPhase(phase)
+    reason, message = "WorkerAssigned", f"assigned to worker {worker}"
+    out = Outcome()
+    if stats is not None:
+        fields.update(avg_fps=round(stats.fps, 2), stalls=stats.stalls, chunk_p99_ms=round(stats.chunk_p99_ms, 2))
+        reported = _STATS_PHASES.get(stats.phase)
+        if reported is not None:
+            new_phase = reported
+        if new_phase == r.SessionPhase.STREAMING:
+            reason, message = "Streaming", f"streaming on worker {worker}"
+            if not status.get("startedAt"):
+                fields["started_at"] = b.now_iso(now)
+        elif new_phase == r.SessionPhase.CONNECTING:
+            reason, message = "Connecting", f"worker {worker} is joining the room"
+        elif new_phase in r.TERMINAL_PHASES:
+            reason = "WorkerEnded" if new_phase == r.SessionPhase.ENDED else "WorkerFailed"
+            message = f"worker {worker} ended the session: {stats.end_reason or 'no reason given'}"
+            registry.release(pool, worker, sid)
+        if stats.flags.fusedGemmAllReduce:
+            if stats.numerical_fault:
+                out.rollback = (pool, f"session {sid} reported a numerical fault on the fused path")
+            elif stats.streamed_s >= r.SLO_MIN_STREAMED_SECONDS and stats.fps < r.SLO_MIN_FPS:
+                out.rollback = (pool, f"session {sid} averaged {stats.fps:.1f} fps < {r.SLO_MIN_FPS} on the fused path")
+    elif registry.worker_of(sid) is None:
+        new_phase, reason = r.SessionPhase.FAILED, "LeaseLost"
+        message = f"worker {worker} no longer holds the session and reported nothing"
+
+    assigned_at = _parse_time(status.get("assignedAt")) or ref.created
+    age = (now - assigned_at).total_seconds()
+    if new_phase in (r.SessionPhase.ASSIGNED, r.SessionPhase.CONNECTING) and age > timeouts.connect_s:
+        _end(ref, pool, worker, registry, "ConnectTimeout")
+        new_phase, reason = r.SessionPhase.FAILED, "ConnectTimeout"
+        message = f"worker {worker} did not start streaming within {timeouts.connect_s:.0f}s"
+    elif new_phase not in r.TERMINAL_PHASES and age > spec.max_duration_seconds:
+        _end(ref, pool, worker, registry, "MaxDuration")
+        new_phase, reason = r.SessionPhase.ENDED, "MaxDuration"
+        message = f"ended after maxDurationSeconds={spec.max_duration_seconds}"
+
+    patch = b.session_phase_patch(status, new_phase, reason, message, now=now, **fields)
+    changed = {k: v for k, v in patch.items() if k != "conditions" and status.get(k) != v}
+    if changed or new_phase.value != phase:
+        out.status = patch
+    if new_phase.value != phase:
+        kind = "Warning" if new_phase == r.SessionPhase.FAILED else "Normal"
+        out.events.append((kind, reason, message))
+    return out
+
+
+def release_session(ref: SessionRef, spec: r.CharacterSessionSpec, status: dict[str, Any], *, registry: Registry,
+                    reason: str = "Deleted") -> bool:
+    """On delete: tell the worker to stop and free its lease. True if a lease was released."""
+    pool = r.pool_key(ref.namespace, spec.pool)
+    worker = status.get("worker") or registry.worker_of(ref.session_id)
+    if not worker:
+        return False
+    if status.get("phase") not in (r.SessionPhase.ENDED.value, r.SessionPhase.FAILED.value):
+        registry.send_end(worker, ref.session_id, reason)
+    return registry.release(pool, worker, ref.session_id)
+
+
+def auto_rollback(flags: FlagStore, pool: str, reason: str) -> FlagSet | None:
+    """Turn the fused path off for `pool` if it is on. Returns the new FlagSet, or None if already off."""
+    current = flags.get(pool)
+    if not getattr(current.values, FUSED_FLAG):
+        return None
+    log.warning("auto-rollback of %s in pool %s: %s", FUSED_FLAG, pool, reason)
+    return flags.set(pool, {FUSED_FLAG: False}, actor=AUTO_ROLLBACK_ACTOR, reason=reason)
+
+
+# ------------------------------------------------------------------------------------------- pools
+
+
+@dataclass(frozen=True)
+class ScalePlan:
+    replicas: int
+    drain: tuple[str, ...] = ()
+
+
+def ordinal(worker_id: str, pool_name: str) -> int | None:
+    """Pod `<pool>-<n>` -> n; None for a worker that is not one of this StatefulSet's pods."""
+    prefix = f"{pool_name}-"
+    tail = worker_id[len(prefix):] if worker_id.startswith(prefix) else ""
+    return int(tail) if tail.isdigit() else None
+
+
+def plan_scale(current: int, busy: set[int], idle: set[int], min_idle: int, max_workers: int) -> ScalePlan:
+    """Replicas for busy + minIdle idle workers (<= maxWorkers). A StatefulSet removes its highest
+    ordinals first, so scale-down stops at the highest busy ordinal: only idle (or not yet warm)
+    workers are removed, and the idle ones are drained first so nothing claims them meanwhile."""
+    want = min(max_workers, len(busy) + min_idle)
+    if want >= current:
+        return ScalePlan(replicas=want)
+    floor = max(busy) + 1 if busy else 0
+    replicas = max(want, floor)
+    return ScalePlan(replicas=replicas, drain=tuple(str(i) for i in sorted(idle) if i >= replicas))
+
+
+def pool_scale(name: str, namespace: str, spec: r.WorkerPoolSpec, current: int, *, registry: Registry) -> ScalePlan:
+    """Read the pool's workers from Redis, plan, and mark the workers to be removed as draining."""
+    pool = r.pool_key(namespace, name)
+    registry.reap_dead_workers(pool)
+    idle_ids = set(registry.idle_workers(pool))
+    busy: set[int] = set()
+    idle: set[int] = set()
+    for wid in registry.workers(pool):
+        n = ordinal(wid, name)
+        if n is None:
+            continue
+        if registry.session_of(pool, wid) is not None:
+            busy.add(n)
+        elif wid in idle_ids:
+            idle.add(n)
+    plan = plan_scale(current, busy, idle, spec.min_idle, spec.max_workers)
+    if plan.drain:
+        ids = [f"{name}-{i}" for i in plan.drain]
+        registry.set_draining(pool, ids)
+        # A claim may have raced the drain: never remove a worker that got a session meanwhile.
+        raced = [int(i) for i, wid in zip(plan.drain, ids, strict=True) if registry.session_of(pool, wid)]
+        if raced:
+            return ScalePlan(replicas=max(raced) + 1, drain=tuple(i for i in plan.drain if int(i) > max(raced)))
+        plan = ScalePlan(replicas=plan.replicas, drain=tuple(ids))
+    return plan
+
+
+def pool_status(name: str, namespace: str, registry: Registry, replicas: int) -> dict[str, Any]:
+    c = registry.pool_counts(r.pool_key(namespace, name))
+    return {
+        "replicas": replicas,
+        "ready": c.idle + c.busy + c.draining,
+        "idle": c.idle,
+        "busy": c.busy,
+        "starting": c.loading,
+        "draining": c.draining,
+        "selector": b.pool_selector(name),
+    }
+
+
+def apply_spec_flags(
+    name: str, namespace: str, spec: r.WorkerPoolSpec, generation: int, status: dict[str, Any], flags: FlagStore
+) -> tuple[FlagSet, dict[str, Any]]:
+    """Write spec.flags to Redis if this generation's spec was not applied yet; report flags + conditions."""
+    pool = r.pool_key(namespace, name)
+    patch: dict[str, Any] = {}
+    if status.get("flagsAppliedGeneration") != generation:
+        current = flags.set(pool, spec.flags.model_dump(by_alias=True), actor=f"operator:spec(generation={generation})")
+        patch["flagsAppliedGeneration"] = generation
+    else:
+        current = flags.get(pool)
+    in_force = current.values.model_dump()
+    patch["flagVersion"] = current.version
+    patch["flags"] = in_force
+    wanted = spec.flags.model_dump(by_alias=True)
+    differs = {k: v for k, v in wanted.items() if in_force.get(k) != v}
+    conditions = status.get("conditions") or []
+    if differs:
+        reason = "AutoRollback" if current.updated_by == AUTO_ROLLBACK_ACTOR else "OverriddenOutsideSpec"
+        msg = f"flags {differs} of spec not in force: changed by {current.updated_by}; edit the spec to re-apply"
+        patch["conditions"] = b.set_condition(conditions, "FlagsMatchSpec", False, reason, msg, generation=generation)
+    else:
+        patch["conditions"] = b.set_condition(conditions, "FlagsMatchSpec", True, "Applied", "", generation=generation)
+    return current, patch

@@ -1,0 +1,206 @@
+"""CRDs: generated from the typed source without drift, structural, and strict about bad input.
+
+Every malformed object below must be rejected twice, with the offending field named both times:
+by `jsonschema` against the generated openAPIV3Schema (no kube-apiserver can run here; unknown fields
+are checked the way the API server's strict field validation reports them, by adding
+`additionalProperties: false` under spec), and by the pydantic models the operator parses with.
+CEL rules (`x-kubernetes-validations`) are not evaluated by jsonschema; their cases are checked
+against pydantic (which implements the same rules) and for presence in the CRD.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pydantic
+import pytest
+import yaml
+from vivant.operator import crdgen
+from vivant.sessions import resources as r
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str) -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "examples" / name).read_text())
+
+
+SESSION = _load("charactersession.yaml")
+POOL = _load("workerpool.yaml")
+
+
+def _strict(node: Any) -> Any:
+    if isinstance(node, dict):
+        out = {k: _strict(v) for k, v in node.items()}
+        if "properties" in node and "additionalProperties" not in node:
+            out["additionalProperties"] = False
+        return out
+    if isinstance(node, list):
+        return [_strict(v) for v in node]
+    return node
+
+
+def _schema(crd: dict[str, Any]) -> dict[str, Any]:
+    schema = copy.deepcopy(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    schema["properties"]["spec"] = _strict(schema["properties"]["spec"])
+    return schema
+
+
+SCHEMAS = {"CharacterSession": _schema(crdgen.session_crd()), "WorkerPool": _schema(crdgen.pool_crd())}
+MODELS = {"CharacterSession": r.CharacterSession, "WorkerPool": r.WorkerPool}
+
+
+def _set(obj: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    obj = copy.deepcopy(obj)
+    *parents, leaf = path.split(".")
+    node = obj
+    for p in parents:
+        node = node[int(p)] if isinstance(node, list) else node.setdefault(p, {})
+    if value is _DELETE:
+        del node[leaf]
+    elif isinstance(node, list):
+        node[int(leaf)] = value
+    else:
+        node[leaf] = value
+    return obj
+
+
+_DELETE = object()
+
+# (id, base object, dotted path, new value or _DELETE, field name the errors must mention)
+MALFORMED: list[tuple[str, dict[str, Any], str, Any, str]] = [
+    ("cs-no-character", SESSION, "spec.character", _DELETE, "character"),
+    ("cs-empty-character", SESSION, "spec.character", "", "character"),
+    ("cs-character-spaces", SESSION, "spec.character", "ada lovelace", "character"),
+    ("cs-character-number", SESSION, "spec.character", 7, "character"),
+    ("cs-no-pool", SESSION, "spec.pool", _DELETE, "pool"),
+    ("cs-pool-uppercase", SESSION, "spec.pool", "H200", "pool"),
+    ("cs-pool-too-long", SESSION, "spec.pool", "p" * 64, "pool"),
+    ("cs-no-livekit", SESSION, "spec.livekit", _DELETE, "livekit"),
+    ("cs-livekit-string", SESSION, "spec.livekit", "wss://x", "livekit"),
+    ("cs-no-url", SESSION, "spec.livekit.url", _DELETE, "url"),
+    ("cs-url-ftp", SESSION, "spec.livekit.url", "ftp://livekit.example.com", "url"),
+    ("cs-url-no-scheme", SESSION, "spec.livekit.url", "livekit.example.com", "url"),
+    ("cs-no-room", SESSION, "spec.livekit.room", _DELETE, "room"),
+    ("cs-room-slash", SESSION, "spec.livekit.room", "a/b", "room"),
+    ("cs-no-agent", SESSION, "spec.livekit.agentIdentity", _DELETE, "agentIdentity"),
+    ("cs-agent-empty", SESSION, "spec.livekit.agentIdentity", "", "agentIdentity"),
+    ("cs-duration-short", SESSION, "spec.maxDurationSeconds", 5, "maxDurationSeconds"),
+    ("cs-duration-long", SESSION, "spec.maxDurationSeconds", 86_401, "maxDurationSeconds"),
+    ("cs-duration-text", SESSION, "spec.maxDurationSeconds", "ten minutes", "maxDurationSeconds"),
+    ("cs-duration-float", SESSION, "spec.maxDurationSeconds", 60.5, "maxDurationSeconds"),
+    ("cs-unknown-field", SESSION, "spec.charcter", "typo", "charcter"),
+    ("cs-unknown-livekit-field", SESSION, "spec.livekit.token", "secret", "token"),
+    ("cs-flag-unknown", SESSION, "spec.flags", {"turbo": True}, "turbo"),
+    ("cs-flag-not-bool", SESSION, "spec.flags", {"fusedGemmAllReduce": "maybe"}, "fusedGemmAllReduce"),
+    ("cs-no-spec", SESSION, "spec", _DELETE, "spec"),
+    ("wp-no-model", POOL, "spec.model", _DELETE, "model"),
+    ("wp-bad-preset", POOL, "spec.model.preset", "70b", "preset"),
+    ("wp-no-checkpoint", POOL, "spec.model.checkpoint", _DELETE, "checkpoint"),
+    ("wp-relative-checkpoint", POOL, "spec.model.checkpoint", "models/x.safetensors", "checkpoint"),
+    ("wp-no-image", POOL, "spec.image", _DELETE, "image"),
+    ("wp-image-space", POOL, "spec.image", "vivant worker", "image"),
+    ("wp-gpus-one", POOL, "spec.gpusPerWorker", 1, "gpusPerWorker"),
+    ("wp-gpus-many", POOL, "spec.gpusPerWorker", 17, "gpusPerWorker"),
+    ("wp-tp-three", POOL, "spec.tensorParallel", 3, "tensorParallel"),
+    ("wp-min-idle-negative", POOL, "spec.minIdle", -1, "minIdle"),
+    ("wp-no-max-workers", POOL, "spec.maxWorkers", _DELETE, "maxWorkers"),
+    ("wp-max-workers-zero", POOL, "spec.maxWorkers", 0, "maxWorkers"),
+    ("wp-toleration-operator", POOL, "spec.tolerations.0.operator", "Maybe", "operator"),
+    ("wp-toleration-effect", POOL, "spec.tolerations.0.effect", "NoWay", "effect"),
+    ("wp-node-selector-list", POOL, "spec.nodeSelector", ["gpu"], "nodeSelector"),
+    ("wp-node-selector-int", POOL, "spec.nodeSelector", {"gpu": 1}, "gpu"),
+    ("wp-affinity-op", POOL, "spec.affinity", {"required": [{"matchExpressions": [{"key": "k", "operator": "Near"}]}]}, "operator"),
+    ("wp-affinity-empty-term", POOL, "spec.affinity", {"required": [{"matchExpressions": []}]}, "matchExpressions"),
+    ("wp-flag-unknown", POOL, "spec.flags", {"fusedGemmAllReduce": True, "warp": True}, "warp"),
+    ("wp-flag-not-bool", POOL, "spec.flags.fusedGemmAllReduce", "yes", "fusedGemmAllReduce"),
+    ("wp-unknown-field", POOL, "spec.replicas", 3, "replicas"),
+]
+
+# Rejected by the CRD's CEL rules and by pydantic's model validator (jsonschema cannot evaluate CEL).
+CEL_CASES = [
+    ("wp-min-idle-over-max", "spec.minIdle", 9, "minIdle"),
+    ("wp-tp-does-not-divide", "spec.tensorParallel", 8, "tensorParallel"),
+]
+
+
+def _json_schema_errors(kind: str, obj: dict[str, Any]) -> list[str]:
+    validator = jsonschema.Draft7Validator(SCHEMAS[kind])
+    return [f"{e.json_path}: {e.message}" for e in validator.iter_errors(obj)]
+
+
+class TestGeneratedCrds:
+    def test_crds_on_disk_match_the_typed_source(self):
+        for name, text in crdgen.render_all().items():
+            path = ROOT / "crds" / name
+            assert path.exists(), f"{path} is missing: run `make crds`"
+            assert path.read_text() == text, f"{path} differs from sessions/resources.py: run `make crds`"
+
+    def test_names_scope_and_subresources(self):
+        cs, wp = crdgen.session_crd(), crdgen.pool_crd()
+        assert cs["metadata"]["name"] == "charactersessions.vivant.dev"
+        assert cs["spec"]["names"]["shortNames"] == ["cs"] and wp["spec"]["names"]["shortNames"] == ["wp"]
+        assert cs["spec"]["scope"] == wp["spec"]["scope"] == "Namespaced"
+        assert cs["spec"]["versions"][0]["subresources"] == {"status": {}}
+        scale = wp["spec"]["versions"][0]["subresources"]["scale"]
+        assert scale["specReplicasPath"] == ".spec.minIdle", scale
+        cols = [c["name"] for c in cs["spec"]["versions"][0]["additionalPrinterColumns"]]
+        assert cols[:3] == ["Phase", "Worker", "FPS"] and cols[-1] == "Age", cols
+
+    def test_schemas_are_structural(self):
+        """Every node typed; no $ref/anyOf/title; no preserve-unknown-fields; no properties+additionalProperties."""
+
+        def walk(node: Any, where: str) -> None:
+            if isinstance(node, dict):
+                if "properties" in node or "items" in node or "additionalProperties" in node or "enum" in node:
+                    assert "type" in node, f"{where}: untyped schema node"
+                for bad in ("$ref", "anyOf", "oneOf", "title", "const", "x-kubernetes-preserve-unknown-fields"):
+                    assert bad not in node, f"{where}: {bad} is not allowed in a structural schema"
+                assert not ("properties" in node and "additionalProperties" in node), f"{where}: both properties and additionalProperties"
+                for k, v in node.items():
+                    walk(v, f"{where}.{k}")
+            elif isinstance(node, list):
+                for i, v in enumerate(node):
+                    walk(v, f"{where}[{i}]")
+
+        for crd in (crdgen.session_crd(), crdgen.pool_crd()):
+            walk(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"], crd["metadata"]["name"])
+
+    def test_cel_rules_are_in_the_pool_crd(self):
+        spec = crdgen.pool_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        rules = [v["rule"] for v in spec["x-kubernetes-validations"]]
+        assert "self.minIdle <= self.maxWorkers" in rules, rules
+        assert any("tensorParallel" in rule for rule in rules), rules
+
+
+class TestExamplesAreValid:
+    @pytest.mark.parametrize("kind,obj", [("CharacterSession", SESSION), ("WorkerPool", POOL)])
+    def test_example_passes_schema_and_model(self, kind, obj):
+        assert _json_schema_errors(kind, obj) == []
+        MODELS[kind].model_validate(obj)
+
+
+class TestMalformedObjectsAreRejected:
+    def test_at_least_thirty_cases(self):
+        assert len(MALFORMED) >= 30
+
+    @pytest.mark.parametrize("case_id,base,path,value,field", MALFORMED, ids=[c[0] for c in MALFORMED])
+    def test_rejected_by_crd_schema_and_model(self, case_id, base, path, value, field):
+        kind = base["kind"]
+        obj = _set(base, path, value)
+        errors = _json_schema_errors(kind, obj)
+        assert errors, f"{case_id}: the CRD schema accepted {path}={value!r}"
+        assert any(field in e for e in errors), f"{case_id}: no schema error names {field!r}: {errors}"
+        with pytest.raises(pydantic.ValidationError) as exc:
+            MODELS[kind].model_validate(obj)
+        assert field in str(exc.value), f"{case_id}: pydantic error does not name {field!r}: {exc.value}"
+
+    @pytest.mark.parametrize("case_id,path,value,field", CEL_CASES, ids=[c[0] for c in CEL_CASES])
+    def test_cel_rule_cases_rejected_by_model(self, case_id, path, value, field):
+        obj = _set(POOL, path, value)
+        with pytest.raises(pydantic.ValidationError) as exc:
+            r.WorkerPool.model_validate(obj)
+        assert field in str(exc.value), f"{case_id}: pydantic error does not name {field!r}: {exc.value}"
