@@ -1,0 +1,321 @@
+"""The 24 fps playout clock: a bounded jitter buffer of decoded chunks, frames out at exact 1/fps steps.
+
+Why: the generator delivers a chunk (4 frames, 166.7 ms of video) at a time with jitter, a viewer
+needs one frame every 41.67 ms. The pacer sits between them:
+
+* start-up: nothing leaves until `start_chunks` chunks are buffered; that instant is t0.
+* cadence: output slot k is due at exactly t0 + k / fps (computed from k, never accumulated, so no
+  drift); its stream timestamp is k / fps.
+* stall: a slot falls due and no generated frame is ready. The pacer repeats the last frame with
+  silence (the live track keeps its cadence), records the stall (first slot, due time, length in
+  frames), and never blocks or drops anything: the late chunk's frames play in order when they arrive.
+* bounded: at most `buffer_chunks` chunks wait. `push` on a full buffer raises `PacerFull` (the
+  producer is ahead of real time and should wait with `wait_for_space`); a chunk out of order raises.
+  Every generated frame is published exactly once; repeats are marked `repeated=True`.
+* audio: each slot carries its share of the chunk's PCM (slot k ends at sample floor((k+1)*sr/fps));
+  a repeated slot carries silence up to that boundary, so published audio and video never drift. The
+  A/V offset of every generated frame (where its first audio sample lands minus its video timestamp)
+  is measured and kept.
+
+The clock is injectable (`Clock`): tests drive the pacer with `FakeClock` and no sleeping; the live
+playout loop uses `MonotonicClock`. Times are seconds; audio is float32 mono at `audio_sample_rate`.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+
+class PacerFull(RuntimeError):
+    """The jitter buffer holds `buffer_chunks` chunks; the producer must wait (it is ahead of real time)."""
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+    def sleep_until(self, t: float) -> None: ...
+
+
+class MonotonicClock:
+    """Wall clock for live playout (time.monotonic seconds)."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def sleep_until(self, t: float) -> None:
+        delay = t - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+
+class FakeClock:
+    """A clock that moves only when told to: `advance(dt)`, `set(t)`, or `sleep_until(t)` (instant)."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self.t = float(start)
+
+    def now(self) -> float:
+        return self.t
+
+    def set(self, t: float) -> None:
+        if t < self.t:
+            raise ValueError(f"FakeClock.set: time must not go back (now {self.t}, asked {t})")
+        self.t = float(t)
+
+    def advance(self, dt: float) -> None:
+        self.set(self.t + dt)
+
+    def sleep_until(self, t: float) -> None:
+        self.t = max(self.t, float(t))
+
+
+@dataclass(frozen=True)
+class PacerConfig:
+    fps: int = 24
+    frames_per_chunk: int = 4
+    audio_sample_rate: int = 16_000
+    buffer_chunks: int = 3  # capacity of the jitter buffer, in chunks
+    start_chunks: int = 2  # chunks buffered before the first frame leaves
+
+    def __post_init__(self) -> None:
+        for name in ("fps", "frames_per_chunk", "audio_sample_rate", "buffer_chunks", "start_chunks"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"PacerConfig.{name} = {getattr(self, name)!r}; expected a positive integer")
+        if self.start_chunks > self.buffer_chunks:
+            raise ValueError(
+                f"PacerConfig.start_chunks = {self.start_chunks}; expected ≤ buffer_chunks = {self.buffer_chunks}"
+            )
+
+    @classmethod
+    def for_model(cls, cfg, **overrides) -> PacerConfig:
+        """Timing fields from a ModelConfig (fps, frames_per_chunk, audio_sample_rate)."""
+        return cls(fps=cfg.fps, frames_per_chunk=cfg.frames_per_chunk, audio_sample_rate=cfg.audio_sample_rate,
+                   **overrides)
+
+    def frame_sample(self, f: int) -> int:
+        """First audio sample of video frame f (exact integer arithmetic)."""
+        return (f * self.audio_sample_rate) // self.fps
+
+    def chunk_sample_range(self, n: int) -> tuple[int, int]:
+        return self.frame_sample(n * self.frames_per_chunk), self.frame_sample((n + 1) * self.frames_per_chunk)
+
+
+@dataclass
+class DecodedChunk:
+    """One chunk ready for playout: frames uint8 [frames_per_chunk, H, W, 3] and its audio (float32 1-D)."""
+
+    index: int
+    frames: np.ndarray
+    audio: np.ndarray
+    times: dict[str, float] = field(default_factory=dict)  # wall timestamps of the chunk's stages (s)
+
+
+@dataclass
+class PublishedFrame:
+    slot: int  # live timeline index; stream timestamp = slot / fps
+    pts_s: float
+    chunk_index: int  # chunk of the frame shown (for a repeat: of the frame repeated)
+    content_index: int  # generated frame index (chunk_index * frames_per_chunk + j)
+    repeated: bool  # True: a stall slot showing the previous frame again, with silence
+    rgb: np.ndarray
+    audio: np.ndarray  # this slot's published PCM
+    due_s: float  # when the slot was due (t0 + slot / fps)
+    published_s: float  # clock time when the pacer released it
+    av_offset_s: float | None  # generated frames: audio position of its first sample minus its pts
+
+
+@dataclass
+class Stall:
+    first_slot: int
+    due_s: float  # when the first missing frame was due
+    frames: int = 0  # slots filled with repeats
+    ended_s: float | None = None  # when a generated frame was published again
+
+
+@dataclass
+class PacerStats:
+    frames_published: int
+    generated_frames_published: int
+    repeated_frames: int
+    chunks_received: int
+    stalls: list[Stall]
+    max_abs_av_offset_s: float
+    depth_history: list[tuple[float, int]]  # (clock s, chunks buffered) at each push and chunk start
+    t0: float | None
+
+    @property
+    def stall_count(self) -> int:
+        return len(self.stalls)
+
+
+class Pacer:
+    """Thread-safe: `push` from the decoder side, `poll` from the playout loop (see module doc)."""
+
+    def __init__(self, config: PacerConfig | None = None, clock: Clock | None = None,
+                 depth_history: int = 100_000) -> None:
+        self.config = config or PacerConfig()
+        self.clock = clock or MonotonicClock()
+        self._cond = threading.Condition()
+        self._chunks: deque[DecodedChunk] = deque()
+        self._frame_in_chunk = 0  # next frame of _chunks[0] to publish
+        self._next_chunk = 0  # index the next push must carry
+        self._input_closed = False
+        self.t0: float | None = None
+        self._slot = 0
+        self._audio_out = 0  # samples published so far
+        self._last: PublishedFrame | None = None
+        self._stalls: list[Stall] = []
+        self._generated = 0
+        self._repeated = 0
+        self._max_offset = 0.0
+        self._depth: deque[tuple[float, int]] = deque(maxlen=depth_history)
+
+    # ---- producer side ------------------------------------------------------------------------------
+    def depth(self) -> int:
+        """Chunks in the buffer (a partly played chunk counts)."""
+        with self._cond:
+            return len(self._chunks)
+
+    def space(self) -> int:
+        with self._cond:
+            return self.config.buffer_chunks - len(self._chunks)
+
+    def push(self, chunk: DecodedChunk) -> None:
+        """Queue the next chunk. Raises PacerFull when full, ValueError on a bad or out-of-order chunk."""
+        c = self.config
+        start, stop = c.chunk_sample_range(chunk.index)
+        if chunk.frames.ndim != 4 or chunk.frames.shape[0] != c.frames_per_chunk or chunk.frames.shape[3] != 3:
+            raise ValueError(f"chunk {chunk.index} frames: expected shape [{c.frames_per_chunk}, H, W, 3], "
+                             f"got {list(chunk.frames.shape)}")
+        if chunk.audio.ndim != 1 or len(chunk.audio) != stop - start:
+            raise ValueError(f"chunk {chunk.index} audio: expected {stop - start} samples "
+                             f"(samples [{start}, {stop}) at {c.audio_sample_rate} Hz), got shape {list(chunk.audio.shape)}")
+        with self._cond:
+            if self._input_closed:
+                raise ValueError(f"chunk {chunk.index}: the pacer's input was closed")
+            if chunk.index != self._next_chunk:
+                raise ValueError(f"chunk index: expected {self._next_chunk} (chunks arrive in order), got {chunk.index}")
+            if len(self._chunks) >= c.buffer_chunks:
+                raise PacerFull(f"jitter buffer full ({c.buffer_chunks} chunks); chunk {chunk.index} not taken")
+            self._chunks.append(chunk)
+            self._next_chunk += 1
+            self._depth.append((self.clock.now(), len(self._chunks)))
+            self._cond.notify_all()
+
+    def wait_for_space(self, timeout: float | None = None) -> bool:
+        """Block (real time) until a chunk fits; True if it does. Only a producer ahead of playout waits."""
+        with self._cond:
+            return self._cond.wait_for(lambda: len(self._chunks) < self.config.buffer_chunks, timeout)
+
+    def close_input(self) -> None:
+        """No more chunks: the buffer plays out, and running dry after that is the end, not a stall."""
+        with self._cond:
+            self._input_closed = True
+            self._cond.notify_all()
+
+    # ---- playout side -------------------------------------------------------------------------------
+    @property
+    def drained(self) -> bool:
+        with self._cond:
+            return self._input_closed and not self._chunks
+
+    def next_due(self) -> float | None:
+        """Clock time the next slot is due, or None before start-up."""
+        with self._cond:
+            return None if self.t0 is None else self.t0 + self._slot / self.config.fps
+
+    def wait_for_start(self, timeout: float | None = None) -> bool:
+        """Block (real time) until enough chunks are buffered to start (or input closed)."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: self.t0 is not None or len(self._chunks) >= self.config.start_chunks or self._input_closed,
+                timeout)
+
+    def poll(self, now: float | None = None) -> list[PublishedFrame]:
+        """Release every slot due at or before `now` (default: the clock's now), in order."""
+        c = self.config
+        out: list[PublishedFrame] = []
+        with self._cond:
+            now = self.clock.now() if now is None else now
+            if self.t0 is None:
+                if len(self._chunks) >= c.start_chunks or (self._input_closed and self._chunks):
+                    self.t0 = now
+                else:
+                    return out
+            while True:
+                due = self.t0 + self._slot / c.fps
+                if due > now + 1e-9:
+                    break
+                if self._chunks:
+                    out.append(self._publish_generated(due, now))
+                elif self._input_closed:
+                    break
+                else:
+                    out.append(self._publish_repeat(due, now))
+                self._slot += 1
+            if out:
+                self._cond.notify_all()
+        return out
+
+    def _slot_audio_end(self, slot: int) -> int:
+        return self.config.frame_sample(slot + 1)
+
+    def _publish_generated(self, due: float, now: float) -> PublishedFrame:
+        c = self.config
+        chunk = self._chunks[0]
+        j = self._frame_in_chunk
+        f = chunk.index * c.frames_per_chunk + j
+        chunk_start, _ = c.chunk_sample_range(chunk.index)
+        audio = chunk.audio[c.frame_sample(f) - chunk_start: c.frame_sample(f + 1) - chunk_start]
+        pts = self._slot / c.fps
+        offset = self._audio_out / c.audio_sample_rate - pts
+        self._max_offset = max(self._max_offset, abs(offset))
+        self._audio_out += len(audio)
+        if self._stalls and self._stalls[-1].ended_s is None:
+            self._stalls[-1].ended_s = now
+        frame = PublishedFrame(self._slot, pts, chunk.index, f, False, chunk.frames[j], audio, due, now, offset)
+        self._generated += 1
+        self._frame_in_chunk += 1
+        if self._frame_in_chunk == c.frames_per_chunk:
+            self._chunks.popleft()
+            self._frame_in_chunk = 0
+            self._depth.append((now, len(self._chunks)))
+        self._last = frame
+        return frame
+
+    def _publish_repeat(self, due: float, now: float) -> PublishedFrame:
+        last = self._last
+        assert last is not None, "a stall before the first frame cannot happen: start-up waits for chunks"
+        if not self._stalls or self._stalls[-1].ended_s is not None:
+            self._stalls.append(Stall(first_slot=self._slot, due_s=due))
+        self._stalls[-1].frames += 1
+        n = max(0, self._slot_audio_end(self._slot) - self._audio_out)
+        self._audio_out += n
+        self._repeated += 1
+        return PublishedFrame(self._slot, self._slot / self.config.fps, last.chunk_index, last.content_index, True,
+                              last.rgb, np.zeros(n, np.float32), due, now, None)
+
+    def stats(self) -> PacerStats:
+        with self._cond:
+            return PacerStats(
+                frames_published=self._slot,
+                generated_frames_published=self._generated,
+                repeated_frames=self._repeated,
+                chunks_received=self._next_chunk,
+                stalls=[Stall(s.first_slot, s.due_s, s.frames, s.ended_s) for s in self._stalls],
+                max_abs_av_offset_s=self._max_offset,
+                depth_history=list(self._depth),
+                t0=self.t0,
+            )
+
+
+def frames_due(elapsed_s: float, fps: int) -> int:
+    """Slots due within `elapsed_s` of t0 (slot 0 is due at t0)."""
+    return math.floor(elapsed_s * fps + 1e-9) + 1
