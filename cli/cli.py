@@ -1,4 +1,5 @@
-"""The `vivant` command line.
+"""The `vivant` command line (the `vivant` package itself is a namespace: its subpackages map to
+the top-level folders, see pyproject.toml).
 
 Each subcommand lives with the component it drives and is imported only when chosen, so
 `vivant flags ...` on an operator image never imports torch. A subcommand module exposes
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # name -> (module, one-line help). Modules are imported lazily.
@@ -24,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def _top_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="vivant", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="vivant", description="vivant: real-time conversational video characters")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_) in COMMANDS.items():
         sub.add_parser(name, help=help_, add_help=False)
@@ -51,7 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"vivant {name}", description=help_)
     module.add_arguments(parser)
     args = parser.parse_args(rest)
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except ValueError as exc:  # our input errors (ConfigError, AudioError, CheckpointError, ...) are ValueErrors
+        if os.environ.get("VIVANT_TRACEBACK"):
+            raise
+        print(f"vivant {name}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

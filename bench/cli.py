@@ -1,0 +1,30 @@
+"""`vivant bench <what>`: benchmarks that print JSON and a short table (baseline vs optimized side by side).
+
+  step    the DiT chunk step (bench/step.py)
+  decode  the VAE decoder and the two-stage pipeline (bench/decode.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+BENCHES = {"step": "vivant.bench.step", "decode": "vivant.bench.decode"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench", metavar="WHAT", required=True)
+    for name, module in BENCHES.items():
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            continue
+        p = sub.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
+        mod.add_arguments(p)
+        p.set_defaults(_bench_run=mod.run)
+
+
+def run(args: argparse.Namespace) -> int:
+    return int(args._bench_run(args) or 0)

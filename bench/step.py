@@ -1,0 +1,98 @@
+"""The DiT chunk step: baseline vs optimized, same weights, same process; per-chunk median and p99 ms.
+
+On CPU (the `tiny` preset) this is a correctness harness: both modes run the same chunks and the
+relative RMS error of their latents is reported next to the timings. GPU figures at the `57b` shapes come
+from `vivant bench step --preset 57b --device cuda ...` (bench/gpu_step.py, the GPU step issue).
+
+JSON fields: preset, tp, rank, device, torch, chunks, passes, baseline_ms/optimized_ms (median per chunk),
+*_p99_ms, speedup (baseline / optimized), max_rel_rms (optimized vs baseline latents), per_chunk_ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+
+import numpy as np
+import torch
+from vivant.worker.config import ModelConfig
+from vivant.worker.generator import ChunkGenerator
+from vivant.worker.model import VideoDiT, init_random_
+from vivant.worker.tp import apply_tensor_parallel
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="tiny", help="model preset (tiny | 57b)")
+    p.add_argument("--mode", default="both", choices=["baseline", "optimized", "both"])
+    p.add_argument("--chunks", type=int, default=30, help="chunks timed per mode (after warm-up)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size whose one rank is measured")
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--no-fp8", action="store_true", help="float cache instead of FP8")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print only the JSON document")
+    p.add_argument("--out", help="also write the JSON to this file")
+
+
+def _audio(cfg: ModelConfig, n: int) -> np.ndarray:
+    a, b = cfg.chunk_sample_range(n)
+    return (0.3 * np.sin(np.arange(a, b) * 2 * np.pi * 220 / cfg.audio_sample_rate)).astype(np.float32)
+
+
+def measure(cfg: ModelConfig, mode: str, args) -> tuple[list[float], list[torch.Tensor]]:
+    model = init_random_(VideoDiT(cfg), seed=args.seed)
+    if args.tp > 1:
+        model = apply_tensor_parallel(model, args.rank, args.tp, reduce="simulated")
+    gen = ChunkGenerator(cfg, mode=mode, device=args.device, seed=args.seed, fp8=not args.no_fp8, model=model)
+    times, lat = [], []
+    for n in range(args.warmup + args.chunks):
+        t0 = time.perf_counter()
+        out = gen.generate_chunk(_audio(cfg, n), cfg.audio_sample_rate)
+        dt = (time.perf_counter() - t0) * 1e3
+        if n >= args.warmup:
+            times.append(dt)
+            lat.append(out.latents.cpu())
+    return times, lat
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = ModelConfig.from_name(args.preset)
+    if args.device.startswith("cuda") and args.preset != "tiny":
+        from vivant.bench import gpu_step  # the GPU step benchmark (FP8 GEMMs, graphs) lives there
+
+        return gpu_step.run(args)
+    modes = ["baseline", "optimized"] if args.mode == "both" else [args.mode]
+    result = {
+        "bench": "step", "preset": cfg.name, "tp": args.tp, "rank": args.rank, "device": args.device,
+        "cpu": platform.processor() or platform.machine(), "torch": torch.__version__, "chunks": args.chunks,
+        "passes": cfg.passes, "fp8": not args.no_fp8, "date": time.strftime("%Y-%m-%d"),
+    }
+    latents = {}
+    for mode in modes:
+        times, lat = measure(cfg, mode, args)
+        latents[mode] = lat
+        result[f"{mode}_ms"] = float(np.median(times))
+        result[f"{mode}_p99_ms"] = float(np.percentile(times, 99))
+        result[f"{mode}_per_chunk_ms"] = [round(t, 3) for t in times]
+    if len(modes) == 2:
+        result["speedup"] = result["baseline_ms"] / result["optimized_ms"]
+        errs = [float((a - b).norm() / b.norm()) for a, b in zip(latents["optimized"], latents["baseline"], strict=True)]
+        result["max_rel_rms"] = max(errs)
+    text = json.dumps(result, indent=2)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    if args.json:
+        print(text)
+        return 0
+    print(f"{'mode':<10} {'median ms':>10} {'p99 ms':>10}")
+    for mode in modes:
+        print(f"{mode:<10} {result[f'{mode}_ms']:>10.2f} {result[f'{mode}_p99_ms']:>10.2f}")
+    if len(modes) == 2:
+        print(f"speedup (baseline/optimized) {result['speedup']:.2f}×, max rel RMS {result['max_rel_rms']:.2e}")
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,170 @@
+"""The KV cache and the attention call, in two modes that share the model's code.
+
+optimized (the ring): K/V of a chunk are written once per pass into the chunk's ring slots with RoPE
+applied to K at its absolute position and both quantized to FP8 e4m3 with one float32 scale per
+(slot, head) row — `vivant.kernels.cache_write.write_kv`. Attention reads the cache as it is; at a
+position reset the cached window keys are delta-rotated once (`vivant.kernels.delta_rotate`).
+
+baseline (the original step): the cache holds K/V unrotated in full precision, chunk by chunk; every
+attention call concatenates the cached chunks with the new tokens, rotates every cached key with its
+current position and quantizes the whole K/V set — the per-call whole-cache work the ring removes.
+
+Both modes attend the same key set (sink when valid, resident window chunks, the chunk itself), so
+with FP8 off they agree to float32 rounding, and with FP8 on they differ only by the re-quantization
+of delta-rotated keys. Shapes per layer: ring K/V `[S, H_local, D]`, scales `[S, H_local]`;
+queries `[N, H_local, D]` with N = tokens per chunk.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from vivant.kernels.cache_write import write_kv
+from vivant.kernels.delta_rotate import delta_rotate
+from vivant.kernels.fp8 import dequantize_rows, quantize_rows_ref
+from vivant.kernels.rope import apply_rope_ref
+
+from .positions import RingLayout
+
+log = logging.getLogger(__name__)
+
+MODES = ("optimized", "baseline")
+
+
+@dataclass
+class StepState:
+    """What one chunk's passes share: its index, its token positions, its ring slots."""
+
+    chunk: int
+    pos: torch.Tensor  # int64 [T, 3] in the current frame
+    slots: torch.Tensor  # int64 [T]
+    valid: torch.Tensor  # bool [S]
+    sink_pos: torch.Tensor | None  # int64 [sink, 3] (only set while chunk 0 is generated)
+
+
+@dataclass
+class _BaselineChunk:
+    chunk: int
+    k: list[torch.Tensor] = field(default_factory=list)  # per layer [T, H, D] unrotated, full precision
+    v: list[torch.Tensor] = field(default_factory=list)
+
+
+class KVCache:
+    """Per-session cache for all layers of one tensor-parallel rank."""
+
+    def __init__(self, *, layers: int, heads: int, head_dim: int, layout: RingLayout,
+                 rope_dims: tuple[int, int, int], rope_theta: float, mode: str = "optimized", fp8: bool = True,
+                 device: str | torch.device = "cpu", store_dtype: torch.dtype = torch.float32,
+                 kernel_backend: str = "auto"):
+        if mode not in MODES:
+            raise ValueError(f"mode = {mode!r}; expected one of {MODES}")
+        self.layers, self.heads, self.head_dim = layers, heads, head_dim
+        self.layout, self.mode, self.fp8 = layout, mode, fp8
+        self.rope_dims, self.rope_theta = tuple(rope_dims), float(rope_theta)
+        self.device = torch.device(device)
+        self.store_dtype = store_dtype
+        self.backend = kernel_backend
+        self.state: StepState | None = None
+        S = layout.slots
+        if mode == "optimized":
+            cdt = torch.float8_e4m3fn if fp8 else store_dtype
+            self.k = torch.zeros(layers, S, heads, head_dim, dtype=cdt, device=self.device)
+            self.v = torch.zeros(layers, S, heads, head_dim, dtype=cdt, device=self.device)
+            self.k_scale = torch.ones(layers, S, heads, dtype=torch.float32, device=self.device)
+            self.v_scale = torch.ones(layers, S, heads, dtype=torch.float32, device=self.device)
+        else:
+            self._chunks: list[_BaselineChunk] = []
+            self._sink_k: list[torch.Tensor | None] = [None] * layers
+            self._sink_v: list[torch.Tensor | None] = [None] * layers
+            self._pending = _BaselineChunk(chunk=-1, k=[None] * layers, v=[None] * layers)
+        self._offset_chunks = 0  # position frame offset, mirrored for baseline positions
+
+    # ---- chunk boundaries --------------------------------------------------------------------------
+    def begin_chunk(self, state: StepState) -> None:
+        self.state = state
+        if self.mode == "baseline":
+            self._pending = _BaselineChunk(chunk=state.chunk, k=[None] * self.layers, v=[None] * self.layers)
+
+    def end_chunk(self) -> None:
+        """After the last pass: the baseline commits the chunk's raw K/V (the ring already holds them)."""
+        st = self.state
+        if self.mode == "baseline" and st is not None:
+            self._chunks.append(self._pending)
+            # the next chunk (st.chunk + 1) sees chunks ≥ st.chunk + 2 − W besides itself
+            self._chunks = [c for c in self._chunks if c.chunk >= st.chunk + 2 - self.layout.window_chunks]
+        self.state = None
+
+    def shift_positions(self, delta: int, resident_slots: torch.Tensor) -> None:
+        """Position reset by Δ: rotate cached window keys by −Δ once (ring); the baseline just re-derives."""
+        self._offset_chunks += delta
+        if self.mode == "optimized" and resident_slots.numel():
+            slots = resident_slots.to(self.device)
+            for layer in range(self.layers):
+                delta_rotate(self.k[layer], self.k_scale[layer], slots, -delta,
+                             rope_dims=self.rope_dims, theta=self.rope_theta, backend=self.backend)
+
+    # ---- the attention call -------------------------------------------------------------------------
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q, k, v: [N, H, D] of the new tokens (q/k normalized, not rotated). Returns [N, H, D]."""
+        st = self.state
+        if st is None:
+            raise RuntimeError("KVCache.attend called outside begin_chunk/end_chunk")
+        q_rot = apply_rope_ref(q, st.pos, self.rope_dims, self.rope_theta).to(q.dtype)
+        if self.mode == "optimized":
+            keys, values, mask = self._ring_read(layer, k, v, st)
+        else:
+            keys, values, mask = self._baseline_read(layer, k, v, st)
+        out = F.scaled_dot_product_attention(
+            q_rot.transpose(0, 1).unsqueeze(0).float(),
+            keys.transpose(0, 1).unsqueeze(0),
+            values.transpose(0, 1).unsqueeze(0),
+            attn_mask=mask,
+        )
+        return out.squeeze(0).transpose(0, 1).to(q.dtype)
+
+    def _ring_read(self, layer, k, v, st):
+        write_kv(k, v, st.pos, st.slots.to(self.device), self.k[layer], self.v[layer], self.k_scale[layer],
+                 self.v_scale[layer], rope_dims=self.rope_dims, theta=self.rope_theta, backend=self.backend)
+        if st.sink_pos is not None:
+            n = st.sink_pos.shape[0]
+            write_kv(k[:n], v[:n], st.sink_pos, self.layout.sink_slots().to(self.device), self.k[layer], self.v[layer],
+                     self.k_scale[layer], self.v_scale[layer], rope_dims=self.rope_dims, theta=self.rope_theta,
+                     backend=self.backend)
+        keys = dequantize_rows(self.k[layer], self.k_scale[layer])
+        values = dequantize_rows(self.v[layer], self.v_scale[layer])
+        return keys, values, st.valid.to(self.device)[None, :]
+
+    def _baseline_read(self, layer, k, v, st):
+        self._pending.k[layer] = k.detach().float().clone()
+        self._pending.v[layer] = v.detach().float().clone()
+        if st.sink_pos is not None:
+            n = st.sink_pos.shape[0]
+            self._sink_k[layer] = k[:n].detach().float().clone()
+            self._sink_v[layer] = v[:n].detach().float().clone()
+            self._sink_pos = st.sink_pos.clone()
+        ks, vs, ps = [], [], []
+        if self.layout.sink_valid(st.chunk) and self._sink_k[layer] is not None:
+            ks.append(self._sink_k[layer])
+            vs.append(self._sink_v[layer])
+            ps.append(self._sink_pos)
+        t_new = int(st.pos[0, 0])
+        for c in self._chunks:
+            if c.chunk >= st.chunk - self.layout.window_chunks + 1:
+                ks.append(c.k[layer])
+                vs.append(c.v[layer])
+                pos = st.pos.clone()
+                pos[:, 0] = t_new - (st.chunk - c.chunk)
+                ps.append(pos)
+        ks.append(k.float())
+        vs.append(v.float())
+        ps.append(st.pos)
+        # the per-call whole-cache work: concatenate, rotate every key, quantize everything
+        keys = apply_rope_ref(torch.cat(ks), torch.cat(ps), self.rope_dims, self.rope_theta)
+        values = torch.cat(vs)
+        if self.fp8:
+            keys = dequantize_rows(*quantize_rows_ref(keys))
+            values = dequantize_rows(*quantize_rows_ref(values))
+        return keys.to(self.device), values.to(self.device), None
