@@ -280,6 +280,18 @@ return n
 """
 
 
+def _redact_token(text: str) -> str:
+    """A rejected message may still carry a LiveKit token: keep everything but its value."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(body, dict) and "token" in body:
+        body["token"] = "**********"
+        return json.dumps(body)
+    return text
+
+
 class Registry:
     """The session registry. One instance per process is enough; it is thread-safe (redis-py pools
     connections), so a worker's heartbeat thread and its main loop may share it.
@@ -381,7 +393,7 @@ class Registry:
                 return None
 
     def _dead_letter(self, worker_id: str, raw: bytes | str, error: str) -> None:
-        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        text = _redact_token(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw)
         log.error("worker %s: rejected inbox message (%s); moved to %s", worker_id, error, self.deadletter_key)
         entry = json.dumps({"worker_id": worker_id, "error": error, "raw": text, "at": time.time()})
         pipe = self.redis.pipeline(transaction=True)
@@ -403,6 +415,17 @@ class Registry:
             if held.kind == message.kind and held.session_id == message.session_id:
                 return bool(self.redis.lrem(key, 1, raw))
         return False
+
+    @guarded
+    def pending(self, worker_id: str) -> list[Assignment | EndRequest]:
+        """Well-formed messages waiting in the inbox (not popped), oldest first; malformed ones are skipped."""
+        out = []
+        for raw in self.redis.lrange(self.inbox_key(worker_id), 0, -1):
+            try:
+                out.append(INBOX_MESSAGE.validate_json(raw))
+            except ValidationError:
+                continue
+        return out
 
     @guarded
     def recover_unacked(self, worker_id: str) -> int:

@@ -1,0 +1,106 @@
+"""`vivant flags`: read and change a worker pool's live feature flags in Redis (the emergency path).
+
+  vivant flags get     --pool P [--redis URL] [--json]
+  vivant flags set     --pool P [--redis URL] [--actor WHO] [--reason WHY] name=value [name=value ...]
+  vivant flags history --pool P [--redis URL] [-n N] [--json]
+
+Rollback of the fused kernel is one command: `vivant flags set --pool P fusedGemmAllReduce=false`.
+Every change records who (`--actor`, default `$USER@hostname`), when and why in the pool's history;
+running workers pick it up at their next chunk boundary. The WorkerPool spec is re-applied by the
+operator on reconcile, so a lasting change belongs in the spec too.
+Exit codes: 0 ok, 1 Redis unavailable, 2 bad input (unknown flag, bad value, malformed name=value).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from datetime import UTC, datetime
+
+from vivant.sessions.flags import FlagStore
+from vivant.sessions.models import KNOWN_FLAGS, FlagError, FlagSet, FlagValues
+from vivant.sessions.registry import RegistryUnavailable
+
+
+def default_actor() -> str:
+    user = os.environ.get("USER") or os.environ.get("LOGNAME") or "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--pool", required=True, help="WorkerPool name")
+    common.add_argument("--redis", default=os.environ.get("VIVANT_REDIS_URL", "redis://127.0.0.1:6379/0"),
+                        help="Redis URL (env VIVANT_REDIS_URL; default redis://127.0.0.1:6379/0)")
+    get = sub.add_parser("get", parents=[common], help="show the pool's flags and their version")
+    get.add_argument("--json", action="store_true", help="print the FlagSet as JSON")
+    st = sub.add_parser("set", parents=[common], help="change flags: name=value ...",
+                        description=f"known flags: {', '.join(f'{n} ({t.__name__})' for n, t in KNOWN_FLAGS.items())}")
+    st.add_argument("assignments", nargs="+", metavar="name=value")
+    st.add_argument("--actor", default=default_actor(), help="who makes the change (default: $USER@hostname)")
+    st.add_argument("--reason", default="", help="why (kept in the history)")
+    hist = sub.add_parser("history", parents=[common], help="recent changes, newest first")
+    hist.add_argument("-n", type=int, default=20, help="how many entries (default 20)")
+    hist.add_argument("--json", action="store_true")
+
+
+def parse_assignments(items: list[str]) -> dict[str, str]:
+    """`["a=1", "b=false"]` -> {"a": "1", "b": "false"}; raises FlagError naming a malformed item."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise FlagError(f"{item!r}: expected name=value, e.g. fusedGemmAllReduce=false")
+        if name.strip() in out:
+            raise FlagError(f"flag {name.strip()!r} given twice")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def _when(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if ts else "never"
+
+
+def _print_set(fs: FlagSet) -> None:
+    print(f"pool {fs.pool}  version {fs.version}  updated {_when(fs.updated_at)} by {fs.updated_by or '-'}")
+    defaults = FlagValues()
+    for name, value in fs.values.model_dump().items():
+        mark = "" if value == getattr(defaults, name) else "  (changed from default)"
+        print(f"  {name} = {json.dumps(value)}{mark}")
+
+
+def run(args: argparse.Namespace) -> int:
+    store = FlagStore(args.redis)
+    try:
+        if args.action == "get":
+            fs = store.get(args.pool)
+            print(fs.model_dump_json(indent=2)) if args.json else _print_set(fs)
+        elif args.action == "set":
+            before = store.version(args.pool)
+            fs = store.set(args.pool, parse_assignments(args.assignments), actor=args.actor, reason=args.reason)
+            if fs.version == before:
+                print(f"pool {args.pool}: no change (already so at version {fs.version})")
+            _print_set(fs)
+        elif args.action == "history":
+            entries = store.history(args.pool, args.n)
+            if args.json:
+                print(json.dumps([e.model_dump() for e in entries], indent=2))
+            elif not entries:
+                print(f"pool {args.pool}: no flag changes recorded")
+            for e in entries:
+                changes = ", ".join(f"{k}: {json.dumps(o)} -> {json.dumps(n)}" for k, (o, n) in e.changes.items())
+                why = f"  ({e.reason})" if e.reason else ""
+                print(f"v{e.version}  {_when(e.at)}  {e.actor}  {changes}{why}")
+    except (FlagError, ValueError) as exc:
+        print(f"vivant flags {args.action}: {exc}", file=sys.stderr)
+        return 2
+    except RegistryUnavailable as exc:
+        print(f"vivant flags {args.action}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        store.redis.close()
+    return 0

@@ -1,0 +1,450 @@
+"""`vivant worker`: a warm worker process — register, load the model, wait for sessions, stream them.
+
+Why a long-lived warm process: loading weights and capturing graphs takes minutes, a session must
+start streaming within seconds. So the worker loads once, registers in the Redis registry as warm,
+and then serves sessions one at a time from its inbox (`vivant.sessions.registry`).
+
+Per session the loop is, chunk by chunk (one chunk = `frames_per_chunk` frames, 1/6 s at 24 fps):
+  1. stop? (EndRequest in the inbox for this session, max duration reached, lease lost, shutdown)
+  2. flags changed? (one GET of the pool's flag version) -> apply them to the runner, BETWEEN chunks
+  3. run one chunk; record which flag version it ran under
+  4. every `stats_interval_s`: report SessionStats (phase, fps, stalls, chunk p99 ms, streamed s)
+A heartbeat thread keeps the lease alive. When Redis is unreachable the session keeps streaming
+(every registry call is allowed to fail); when Redis comes back the heartbeat finds the worker unknown
+and re-registers it together with the session it is streaming, so nothing assigned is lost.
+
+The model sits behind `SessionRunner` (begin / apply_flags / step / end). `GeneratorRunner` drives the
+real `ChunkGenerator` against a null or file sink until the LiveKit sink is wired in; tests pass a
+small runner of their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+from vivant.sessions.flags import FlagStore, FlagWatcher
+from vivant.sessions.models import Assignment, EndRequest, FlagSet, FlagValues, SessionStats, WorkerInfo
+from vivant.sessions.registry import Registry, RegistryUnavailable, redis_client
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------------------------
+# the model behind a narrow interface
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChunkReport:
+    """What one `SessionRunner.step` did: chunk index, compute time (ms), frames made, NaN/Inf seen."""
+
+    index: int
+    compute_ms: float
+    frames: int
+    numerical_fault: bool = False
+
+
+class SessionRunner(Protocol):
+    """The generation side of a worker. `apply_flags` is only ever called between two `step`s."""
+
+    frames_per_chunk: int
+    chunk_seconds: float
+
+    def begin(self, assignment: Assignment, flags: FlagValues) -> None: ...
+
+    def apply_flags(self, flags: FlagValues) -> None: ...
+
+    def step(self) -> ChunkReport: ...
+
+    def end(self, reason: str) -> None: ...
+
+
+class GeneratorRunner:
+    """The real chunk generator (loaded once, warm) fed with silence, writing latents to a null sink or,
+    with `out_dir`, to `out_dir/<session>/chunk_NNNNN.npy` (float32 [C, latent_h, latent_w])."""
+
+    def __init__(self, preset: str = "tiny", *, mode: str = "optimized", device: str = "cpu",
+                 out_dir: str | Path | None = None, seed: int = 0) -> None:
+        from vivant.worker.config import ModelConfig
+        from vivant.worker.generator import ChunkGenerator
+
+        self.cfg = ModelConfig.from_name(preset)
+        self.generator = ChunkGenerator(self.cfg, mode=mode, device=device, seed=seed)
+        self.frames_per_chunk = self.cfg.frames_per_chunk
+        self.chunk_seconds = self.cfg.chunk_seconds
+        self.out_dir = Path(out_dir) if out_dir else None
+        self.flags = FlagValues()
+        self._session_dir: Path | None = None
+
+    def begin(self, assignment: Assignment, flags: FlagValues) -> None:
+        self.generator.reset_session(assignment.seed)
+        self.apply_flags(flags)
+        if self.out_dir is not None:
+            self._session_dir = self.out_dir / assignment.session_id.replace("/", "_")
+            self._session_dir.mkdir(parents=True, exist_ok=True)
+
+    def apply_flags(self, flags: FlagValues) -> None:
+        self.flags = flags
+        hook = getattr(self.generator, "apply_flags", None)  # the TP generator swaps its GEMM path here
+        if hook is not None:
+            hook(flags.model_dump())
+
+    def step(self) -> ChunkReport:
+        n = self.generator.chunk
+        start, stop = self.cfg.chunk_sample_range(n)
+        audio = np.zeros(stop - start, dtype=np.float32)
+        t0 = time.perf_counter()
+        out = self.generator.generate_chunk(audio, self.cfg.audio_sample_rate)
+        ms = (time.perf_counter() - t0) * 1e3
+        fault = not bool(np.isfinite(out.latents.cpu().numpy()).all())
+        if self._session_dir is not None:
+            np.save(self._session_dir / f"chunk_{out.index:05d}.npy", out.latents.cpu().numpy())
+        return ChunkReport(index=out.index, compute_ms=ms, frames=self.frames_per_chunk, numerical_fault=fault)
+
+    def end(self, reason: str) -> None:
+        self._session_dir = None
+
+
+# ------------------------------------------------------------------------------------------------
+# the service
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChunkRecord:
+    """Which pool flag version (and effective flags) one chunk of one session ran under."""
+
+    session_id: str
+    index: int
+    flag_version: int
+    flags: FlagValues
+
+
+class WorkerService:
+    """Serve sessions from the inbox until `stop` is set. Thread-safe against its heartbeat thread."""
+
+    def __init__(self, registry: Registry, flags: FlagStore, info: WorkerInfo,
+                 runner: SessionRunner | Callable[[], SessionRunner], *,
+                 poll_s: float = 1.0, stats_interval_s: float = 1.0, realtime: bool = False,
+                 buffer_chunks: int = 2) -> None:
+        self.registry = registry
+        self.flag_store = flags
+        self.watcher = FlagWatcher(flags, info.pool)
+        self.info = info
+        # A ready runner, or a loader called by `run()` after registering (a worker loading weights for
+        # minutes is registered, heartbeating and counted as `loading`, not dead).
+        self._load = None if hasattr(runner, "step") else runner
+        self.runner: SessionRunner = runner if self._load is None else None  # type: ignore[assignment]
+        self.poll_s = poll_s
+        self.stats_interval_s = stats_interval_s
+        self.realtime = realtime
+        self.buffer_chunks = buffer_chunks
+        self.stop = threading.Event()
+        self.chunk_log: deque[ChunkRecord] = deque(maxlen=100_000)
+        self.sessions_done: list[SessionStats] = []
+        self.reregistrations = 0
+        self._lease_lock = threading.Lock()  # current session + register/finish must not interleave
+        self._current: str | None = None
+        self._lease_lost: str | None = None
+        self._chunks_in_session = 0
+        self._hb_thread: threading.Thread | None = None
+
+    @property
+    def worker_id(self) -> str:
+        return self.info.worker_id
+
+    @property
+    def pool(self) -> str:
+        return self.info.pool
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Register (loading), start heartbeats, load the model, become warm, recover unacknowledged
+        work, serve until stopped, deregister."""
+        self.info = self.info.model_copy(update={"warm": False})
+        self._retry("register", lambda: self.registry.register(self.info))
+        self._hb_thread = threading.Thread(target=self._heartbeat_loop, name=f"heartbeat-{self.worker_id}",
+                                           daemon=True)
+        self._hb_thread.start()
+        try:
+            if self._load is not None:
+                self.runner = self._load()
+            with self._lease_lock:
+                self.info = self.info.model_copy(update={"warm": True})
+            self._retry("recover", self._recover)
+            self._retry("set_warm", lambda: self.registry.set_warm(self.worker_id, self.pool))
+            self.serve()
+        finally:
+            self.stop.set()
+            self._hb_thread.join(timeout=5)
+            try:
+                self.registry.deregister(self.worker_id, self.pool, reason="worker shut down")
+            except RegistryUnavailable:
+                log.warning("worker %s: could not deregister (redis unavailable); the reaper will", self.worker_id)
+
+    def _recover(self) -> None:
+        n = self.registry.recover_unacked(self.worker_id)
+        if n:
+            log.warning("worker %s: requeued %d unacknowledged inbox message(s)", self.worker_id, n)
+        held = self.registry.session_of(self.pool, self.worker_id)
+        pending = {m.session_id for m in self.registry.pending(self.worker_id) if isinstance(m, Assignment)}
+        if held and held not in pending:
+            # We hold a lease for a session we are not running: a previous incarnation died mid-stream.
+            self.registry.abandon(self.pool, self.worker_id, held, reason=f"worker {self.worker_id} restarted")
+            log.error("worker %s: gave up session %s held by a previous incarnation", self.worker_id, held)
+
+    def _retry(self, what: str, fn, backoff_s: float = 0.2, cap_s: float = 5.0):  # noqa: ANN001
+        while not self.stop.is_set():
+            try:
+                return fn()
+            except RegistryUnavailable as exc:
+                log.warning("worker %s: %s failed (%s); retrying in %.1fs", self.worker_id, what, exc, backoff_s)
+                self.stop.wait(backoff_s)
+                backoff_s = min(cap_s, backoff_s * 2)
+        return None
+
+    def _heartbeat_loop(self) -> None:
+        interval = self.registry.heartbeat_ttl_s / 3
+        down = False
+        while not self.stop.wait(interval):
+            try:
+                with self._lease_lock:
+                    stats = {"session": self._current, "chunks": self._chunks_in_session}
+                    if self.registry.heartbeat(self.worker_id, self.pool, stats):
+                        pass
+                    else:  # registry forgot us: Redis restarted empty, or we were reaped
+                        kept = self.registry.register(self.info, session_id=self._current)
+                        self.reregistrations += 1
+                        log.warning("worker %s: re-registered (session %s %s)", self.worker_id, self._current,
+                                    "kept" if kept else "LOST")
+                        if self._current and not kept:
+                            self._lease_lost = self.registry.lost_reason(self._current) or "held by another worker"
+                if down:
+                    log.warning("worker %s: redis is back", self.worker_id)
+                down = False
+            except RegistryUnavailable as exc:
+                if not down:
+                    log.error("worker %s: heartbeat failed, redis unavailable (%s); still streaming",
+                              self.worker_id, exc)
+                down = True
+
+    # -- inbox -----------------------------------------------------------------------------------
+    def serve(self) -> None:
+        backoff = 0.2
+        while not self.stop.is_set():
+            try:
+                msg = self.registry.next_message(self.worker_id, self.poll_s)
+                backoff = 0.2
+            except RegistryUnavailable:
+                self.stop.wait(backoff)
+                backoff = min(5.0, backoff * 2)
+                continue
+            if msg is None:
+                continue
+            if isinstance(msg, EndRequest):
+                log.info("worker %s: end request for session %s, which is not running; ignored",
+                         self.worker_id, msg.session_id)
+                self._ack(msg)
+                continue
+            self._handle_assignment(msg)
+
+    def _ack(self, msg: Assignment | EndRequest) -> None:
+        try:
+            self.registry.ack(self.worker_id, msg)
+        except RegistryUnavailable:
+            log.warning("worker %s: could not ack %s for %s (redis unavailable)", self.worker_id, msg.kind,
+                        msg.session_id)
+
+    def _handle_assignment(self, a: Assignment) -> None:
+        if a.pool != self.pool:
+            log.error("worker %s (pool %s): refused assignment of session %s for pool %s",
+                      self.worker_id, self.pool, a.session_id, a.pool)
+            self._ack(a)
+            return
+        try:
+            holder = self.registry.session_of(self.pool, self.worker_id)
+        except RegistryUnavailable:
+            # Cannot check the lease now: put the assignment back and try again shortly.
+            self._retry("recover", lambda: self.registry.recover_unacked(self.worker_id))
+            return
+        if holder != a.session_id:
+            log.warning("worker %s: assignment for session %s is stale (lease is %s); dropped",
+                        self.worker_id, a.session_id, holder)
+            self._ack(a)
+            return
+        self.run_session(a)
+
+    # -- one session -----------------------------------------------------------------------------
+    def run_session(self, a: Assignment) -> SessionStats:
+        with self._lease_lock:
+            self._current, self._lease_lost, self._chunks_in_session = a.session_id, None, 0
+        try:
+            flagset = self.watcher.current()
+        except RegistryUnavailable:
+            flagset = FlagSet(pool=self.pool, version=0)
+        version, flags = flagset.version, flagset.with_overrides(a.flag_overrides)
+        stats = SessionStats(session_id=a.session_id, worker_id=self.worker_id, phase="Connecting",
+                             flag_version=version, flags=flags)
+        self._report(stats)
+        self.runner.begin(a, flags)
+        self._ack(a)  # the session has started: the assignment is no longer at risk
+        log.info("worker %s: streaming session %s (flags v%d %s)", self.worker_id, a.session_id, version,
+                 flags.model_dump())
+
+        chunk_s = self.runner.chunk_seconds
+        t0 = time.monotonic()
+        last_report = t0
+        compute_ms: list[float] = []
+        frames = stalls = 0
+        fault = False
+        reason = ""
+        while True:
+            elapsed = time.monotonic() - t0
+            reason = self._stop_reason(a, elapsed)
+            if reason:
+                break
+            try:
+                changed = self.watcher.changed_since(version)
+            except RegistryUnavailable:
+                changed = None  # keep the flags we have
+            if changed is not None:
+                new_flags = changed.with_overrides(a.flag_overrides)
+                log.info("worker %s: session %s flags v%d -> v%d %s at chunk boundary %d", self.worker_id,
+                         a.session_id, version, changed.version, new_flags.model_dump(), len(compute_ms))
+                self.runner.apply_flags(new_flags)
+                version, flags = changed.version, new_flags
+            report = self.runner.step()
+            self.chunk_log.append(ChunkRecord(a.session_id, report.index, version, flags))
+            compute_ms.append(report.compute_ms)
+            frames += report.frames
+            self._chunks_in_session = len(compute_ms)
+            done_at = time.monotonic() - t0
+            if done_at > (len(compute_ms) - 1 + self.buffer_chunks) * chunk_s:
+                stalls += 1  # this chunk missed its playout slot: the viewer's buffer ran dry
+            if self.realtime:
+                self.stop.wait(max(0.0, len(compute_ms) * chunk_s - done_at))
+            if report.numerical_fault and not fault:
+                fault = True
+                log.error("worker %s: numerical fault (NaN/Inf) in session %s chunk %d", self.worker_id,
+                          a.session_id, report.index)
+            now = time.monotonic()
+            if now - last_report >= self.stats_interval_s or (fault and report.numerical_fault):
+                stats = self._stats(a, "Streaming", t0, frames, stalls, compute_ms, version, flags, fault, None)
+                self._report(stats)
+                last_report = now
+        self.runner.end(reason)
+        final = self._stats(a, "Ended", t0, frames, stalls, compute_ms, version, flags, fault, reason)
+        self._finish(a, final, reason)
+        self.sessions_done.append(final)
+        log.info("worker %s: session %s ended (%s): %d chunks, %.1f fps", self.worker_id, a.session_id, reason,
+                 final.chunks, final.fps)
+        return final
+
+    def _stop_reason(self, a: Assignment, elapsed: float) -> str:
+        if self.stop.is_set():
+            return "worker shutting down"
+        if self._lease_lost:
+            return f"lease lost: {self._lease_lost}"
+        if elapsed >= a.max_duration_s:
+            return "max duration reached"
+        try:
+            msg = self.registry.next_message(self.worker_id, 0)
+        except RegistryUnavailable:
+            return ""
+        if msg is None:
+            return ""
+        self._ack(msg)
+        if isinstance(msg, EndRequest) and msg.session_id == a.session_id:
+            return msg.reason
+        log.error("worker %s: busy with session %s; dropped %s for session %s", self.worker_id, a.session_id,
+                  msg.kind, msg.session_id)
+        return ""
+
+    def _stats(self, a: Assignment, phase: str, t0: float, frames: int, stalls: int, compute_ms: list[float],
+               version: int, flags: FlagValues, fault: bool, reason: str | None) -> SessionStats:
+        elapsed = max(1e-9, time.monotonic() - t0)
+        p99 = float(np.percentile(compute_ms, 99)) if compute_ms else 0.0
+        return SessionStats(session_id=a.session_id, worker_id=self.worker_id, phase=phase,  # type: ignore[arg-type]
+                            fps=frames / elapsed, stalls=stalls, chunk_p99_ms=p99, chunks=len(compute_ms),
+                            streamed_s=len(compute_ms) * self.runner.chunk_seconds, end_reason=reason,
+                            numerical_fault=fault, flag_version=version, flags=flags)
+
+    def _report(self, stats: SessionStats) -> None:
+        try:
+            self.registry.report_session(stats.session_id, stats)
+        except RegistryUnavailable:
+            log.debug("worker %s: stats for %s not reported (redis unavailable)", self.worker_id, stats.session_id)
+
+    def _finish(self, a: Assignment, final: SessionStats, reason: str) -> None:
+        """Final stats + lease release; waits for Redis if it is down (until the worker stops)."""
+
+        def attempt() -> bool:
+            with self._lease_lock:
+                self.registry.report_session(a.session_id, final)
+                self.registry.finish(self.pool, self.worker_id, a.session_id, reason)
+                self._current = None
+            return True
+
+        if self._retry("finish", attempt) is None:
+            with self._lease_lock:
+                self._current = None
+            log.error("worker %s: stopped before session %s's end could be recorded", self.worker_id, a.session_id)
+
+
+# ------------------------------------------------------------------------------------------------
+# CLI
+# ------------------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    env = os.environ
+    parser.add_argument("--pool", default=env.get("VIVANT_POOL"), help="WorkerPool name (env VIVANT_POOL)")
+    parser.add_argument("--worker-id", default=env.get("POD_NAME") or socket.gethostname(),
+                        help="worker id, the pod name (env POD_NAME; default: hostname)")
+    parser.add_argument("--node", default=env.get("NODE_NAME", ""), help="node name (env NODE_NAME)")
+    parser.add_argument("--redis", default=env.get("VIVANT_REDIS_URL", "redis://127.0.0.1:6379/0"),
+                        help="Redis URL (env VIVANT_REDIS_URL)")
+    parser.add_argument("--preset", default=env.get("VIVANT_MODEL_PRESET", "tiny"), help="model preset")
+    parser.add_argument("--mode", default="optimized", choices=["optimized", "baseline"])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", default=None, help="file sink: write each chunk's latents under this folder")
+    parser.add_argument("--heartbeat-ttl", type=float, default=10.0, help="seconds without heartbeat = dead")
+    parser.add_argument("--realtime", action="store_true", help="pace chunks at the video frame rate")
+    parser.add_argument("--log-level", default="INFO")
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.pool:
+        print("vivant worker: --pool is required (or set VIVANT_POOL)")
+        return 2
+    registry = Registry(redis_client(args.redis), heartbeat_ttl_s=args.heartbeat_ttl)
+
+    def load() -> SessionRunner:
+        return GeneratorRunner(args.preset, mode=args.mode, device=args.device, out_dir=args.out)
+
+    info = WorkerInfo(worker_id=args.worker_id, pool=args.pool, node=args.node, model_preset=args.preset,
+                      capabilities=tuple(FlagValues.model_fields), warm=False)
+    service = WorkerService(registry, FlagStore(registry.redis), info, load, realtime=args.realtime)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("worker %s: signal %d, stopping after the current chunk", info.worker_id, signum)
+        service.stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.info("worker %s (pool %s) starting", info.worker_id, info.pool)
+    service.run()
+    return 0
