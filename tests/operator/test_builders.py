@@ -1,0 +1,120 @@
+"""Built-in objects the operator renders pass `kubernetes-validate --strict` (Kubernetes 1.31 schemas),
+and the LiveKit worker token has the promised shape (verified with livekit-api's own TokenVerifier)."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from livekit import api as lkapi
+from vivant.operator import builders as b
+from vivant.operator.livekit_tokens import PUBLISH_ON_BEHALF_ATTRIBUTE, LiveKitCredentials, mint_worker_token
+from vivant.sessions import resources as r
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S_VERSION = "1.31"
+OWNER = b.Owner(kind=r.POOL_KIND, name="h200", uid="0f6c3a52-9a8e-4a37-9c1e-5b1b1f0e2d11")
+SPEC = r.WorkerPool.model_validate(yaml.safe_load((ROOT / "examples/workerpool.yaml").read_text())).spec
+SPEC_AFFINITY = SPEC.model_copy(update={"affinity": r.NodeAffinity.model_validate(
+    {"required": [{"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h200"]}]}],
+     "preferred": [{"weight": 10, "preference": {"matchExpressions": [{"key": "zone", "operator": "Exists"}]}}]}
+)})
+
+
+def _rendered():
+    return {
+        "statefulset": b.build_statefulset("h200", "default", OWNER, SPEC, 3, b.WorkerRuntime()),
+        "statefulset-affinity": b.build_statefulset("h200", "default", OWNER, SPEC_AFFINITY, 0,
+                                                    b.WorkerRuntime(service_account="vivant-worker")),
+        "service": b.build_headless_service("h200", "default", OWNER),
+        "pdb": b.build_pdb("h200", "default", OWNER),
+        "secret": b.build_token_secret("ada", "default", OWNER, "not-a-real-token"),
+    }
+
+
+@pytest.mark.parametrize("name", list(_rendered()))
+def test_rendered_objects_pass_kubernetes_validate_strict(name):
+    manifest = _rendered()[name]
+    try:
+        kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        pytest.fail(f"{name}: kubernetes-validate rejected it: {exc.message} at {list(exc.path)}")
+
+
+def test_strict_validation_catches_a_broken_object():
+    """The check above can fail: a typo'd field in a rendered StatefulSet is reported."""
+    manifest = _rendered()["statefulset"]
+    manifest["spec"]["replica"] = 3
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+
+
+def test_statefulset_shape():
+    sts = _rendered()["statefulset"]
+    pod = sts["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert sts["spec"]["replicas"] == 3 and sts["spec"]["podManagementPolicy"] == "Parallel"
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "5"}
+    env = {e["name"]: e for e in container["env"]}
+    assert env["VIVANT_POOL"]["value"] == "default/h200"
+    assert "secretKeyRef" in env["VIVANT_REDIS_URL"]["valueFrom"], "Redis URL must come from a Secret"
+    assert env["NCCL_NVLS_ENABLE"]["value"] == "0"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
+    assert sts["metadata"]["ownerReferences"][0]["uid"] == OWNER.uid
+    assert set(sts["spec"]["selector"]["matchLabels"].items()) <= set(sts["spec"]["template"]["metadata"]["labels"].items())
+
+
+def test_replicas_out_of_bounds_is_refused():
+    with pytest.raises(ValueError, match="replicas"):
+        b.build_statefulset("h200", "default", OWNER, SPEC, SPEC.max_workers + 1, b.WorkerRuntime())
+
+
+def test_token_secret_is_owned_by_the_session():
+    owner = b.Owner(kind=r.SESSION_KIND, name="ada", uid="u-1")
+    secret = b.build_token_secret("ada", "default", owner, "tok")
+    ref = secret["metadata"]["ownerReferences"][0]
+    assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == ("CharacterSession", "ada", "u-1", True)
+    assert secret["stringData"] == {"token": "tok"}
+
+
+def test_conditions_keep_transition_time_until_status_flips():
+    t0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    t1 = t0 + datetime.timedelta(minutes=5)
+    c = b.set_condition([], "Ready", False, "Waiting", now=t0)
+    c = b.set_condition(c, "Ready", False, "StillWaiting", now=t1)
+    assert c[0]["lastTransitionTime"] == "2026-01-01T00:00:00Z" and c[0]["reason"] == "StillWaiting"
+    c = b.set_condition(c, "Ready", True, "Streaming", now=t1)
+    assert c[0]["lastTransitionTime"] == "2026-01-01T00:05:00Z" and c[0]["status"] == "True"
+
+
+class TestWorkerToken:
+    CREDS = LiveKitCredentials("APIkey123", "s" * 32)
+
+    def test_claims(self):
+        token = mint_worker_token(self.CREDS, room="demo-room", identity="vivant-avatar-ada", agent_identity="agent-1",
+                                  ttl=datetime.timedelta(minutes=5))
+        claims = lkapi.TokenVerifier(self.CREDS.api_key, self.CREDS.api_secret).verify(token)
+        assert claims.kind == "agent"
+        assert claims.identity == "vivant-avatar-ada"
+        assert claims.video.room == "demo-room" and claims.video.room_join is True
+        assert not claims.video.room_create and not claims.video.room_admin
+        assert claims.attributes == {PUBLISH_ON_BEHALF_ATTRIBUTE: "agent-1"}
+
+    def test_short_ttl(self):
+        token = mint_worker_token(self.CREDS, room="r", identity="i", agent_identity="a", ttl=datetime.timedelta(minutes=5))
+        import jwt
+
+        payload = jwt.decode(token, options={"verify_signature": False})
+        assert 0 < payload["exp"] - payload["nbf"] <= 300, payload
+
+    def test_refuses_long_ttl_and_empty_credentials(self):
+        with pytest.raises(ValueError, match="ttl"):
+            mint_worker_token(self.CREDS, room="r", identity="i", agent_identity="a", ttl=datetime.timedelta(hours=6))
+        with pytest.raises(ValueError, match="api_secret"):
+            LiveKitCredentials("key", "")
+
+    def test_secret_hidden_in_repr(self):
+        assert "s" * 32 not in repr(self.CREDS)

@@ -1,0 +1,241 @@
+"""The operator's reconcile decisions against a real Redis (the `redis_url` fixture starts redis-server).
+
+Workers are simulated over Redis with the registry's own worker-side API (register, heartbeat,
+next_message, report_session), exactly what `vivant worker` calls.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from vivant.operator import reconcile as rc
+from vivant.operator.livekit_tokens import LiveKitCredentials
+from vivant.sessions import resources as r
+from vivant.sessions.flags import FlagStore
+from vivant.sessions.models import Assignment, EndRequest, FlagValues, SessionStats, WorkerInfo
+from vivant.sessions.registry import Registry
+
+NS, POOL_NAME = "default", "h200"
+POOL = r.pool_key(NS, POOL_NAME)
+CREDS = LiveKitCredentials("APIkey123", "x" * 32)
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+SPEC = r.CharacterSessionSpec.model_validate({
+    "character": "ada-v1", "pool": POOL_NAME, "maxDurationSeconds": 60,
+    "livekit": {"url": "wss://lk.example.com", "room": "demo-room", "agentIdentity": "agent-1"},
+})
+POOL_SPEC = r.WorkerPoolSpec.model_validate({
+    "model": {"preset": "tiny", "checkpoint": "/models/tiny.safetensors"}, "image": "vivant:dev",
+    "minIdle": 1, "maxWorkers": 4, "flags": {"fusedGemmAllReduce": True},
+})
+TIMEOUTS = rc.Timeouts(pending_s=30, connect_s=10)
+
+
+@pytest.fixture
+def registry(redis_url):
+    reg = Registry(redis_url, heartbeat_ttl_s=5.0)
+    yield reg
+    reg.close()
+
+
+def add_workers(reg: Registry, n: int, start: int = 0) -> list[str]:
+    ids = [f"{POOL_NAME}-{i}" for i in range(start, start + n)]
+    for w in ids:
+        reg.register(WorkerInfo(worker_id=w, pool=POOL, warm=True))
+    return ids
+
+
+def ref(name: str = "ada") -> rc.SessionRef:
+    return rc.SessionRef(namespace=NS, name=name, uid=f"uid-{name}", created=T0)
+
+
+def assign(reg, name="ada", status=None, now=T0, secrets=None):
+    secrets = [] if secrets is None else secrets
+    return rc.assign_session(ref(name), SPEC, status or {}, registry=reg, credentials=CREDS,
+                             apply_secret=secrets.append, timeouts=TIMEOUTS, now=now)
+
+
+def progress(reg, status, now, name="ada"):
+    return rc.progress_session(ref(name), SPEC, status, registry=reg, timeouts=TIMEOUTS, now=now)
+
+
+def report(reg, phase, fps=0.0, streamed=0.0, fused=False, fault=False, name="ada", end_reason=None):
+    reg.report_session(f"{NS}/{name}", SessionStats(
+        session_id=f"{NS}/{name}", phase=phase, fps=fps, streamed_s=streamed, numerical_fault=fault,
+        flags=FlagValues(fusedGemmAllReduce=fused), end_reason=end_reason))
+
+
+class TestAssignment:
+    def test_assigns_an_idle_worker_and_hands_over_the_token(self, registry):
+        add_workers(registry, 2)
+        secrets: list[dict] = []
+        out = assign(registry, secrets=secrets)
+        assert out.status["phase"] == "Assigned", out.status
+        worker = out.status["worker"]
+        assert registry.worker_of("default/ada") == worker
+        token = secrets[0]["stringData"]["token"]
+        assert secrets[0]["metadata"]["ownerReferences"][0]["uid"] == "uid-ada"
+        msg = registry.next_message(worker, timeout_s=0)
+        assert isinstance(msg, Assignment) and msg.token.get_secret_value() == token
+        assert (msg.room, msg.agent_identity, msg.pool) == ("demo-room", "agent-1", POOL)
+        assert token not in repr(out.status) and token not in repr(out.events), "token leaked into status/events"
+
+    def test_waits_then_fails_without_idle_workers(self, registry):
+        out = assign(registry)
+        assert out.status["phase"] == "Pending" and out.retry_s, out
+        assert out.status["conditions"][0]["reason"] == "WaitingForWorker"
+        late = assign(registry, status=out.status, now=T0 + timedelta(seconds=31))
+        assert late.status["phase"] == "Failed" and late.retry_s is None
+        assert late.status["conditions"][0]["reason"] == "NoIdleWorker"
+
+    def test_reassign_after_crash_returns_the_same_worker(self, registry):
+        """Operator died after the claim but before the status patch: resume claims again, same worker."""
+        add_workers(registry, 3)
+        first = assign(registry)
+        again = assign(registry)  # status still empty: as if the first patch was lost
+        assert again.status["worker"] == first.status["worker"]
+        assert len(registry.idle_workers(POOL)) == 2
+        assert assign(registry, status=first.status).status == {}, "an Assigned session must not be re-assigned"
+
+    def test_concurrent_operators_never_double_assign(self, redis_url):
+        """Two operator replicas race to assign 24 sessions onto 10 workers."""
+        regs = [Registry(redis_url, heartbeat_ttl_s=30), Registry(redis_url, heartbeat_ttl_s=30)]
+        add_workers(regs[0], 10)
+        names = [f"s{i}" for i in range(24)]
+
+        def run(args):
+            i, name = args
+            return name, assign(regs[i % 2], name=name).status
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(run, [(i, n) for i in range(2) for n in names]))
+        by_session: dict[str, set] = {}
+        for name, status in results:
+            if status.get("worker"):
+                by_session.setdefault(name, set()).add(status["worker"])
+        assert all(len(ws) == 1 for ws in by_session.values()), f"a session got two workers: {by_session}"
+        holders = [next(iter(ws)) for ws in by_session.values()]
+        assert len(holders) == len(set(holders)) == 10, f"workers held twice or left idle: {sorted(holders)}"
+        for reg in regs:
+            reg.close()
+
+
+class TestProgress:
+    def test_mirrors_worker_stats_into_status(self, registry):
+        add_workers(registry, 1)
+        status = assign(registry).status
+        report(registry, "Connecting")
+        out = progress(registry, status, T0 + timedelta(seconds=1))
+        assert out.status["phase"] == "Connecting"
+        status.update(out.status)
+        report(registry, "Streaming", fps=24.1, streamed=3.0)
+        out = progress(registry, status, T0 + timedelta(seconds=4))
+        assert out.status["phase"] == "Streaming" and out.status["avgFps"] == 24.1
+        assert out.status["startedAt"] and out.status["conditions"][0]["status"] == "True"
+        assert out.events and out.events[0][1] == "Streaming"
+        status.update(out.status)
+        assert progress(registry, status, T0 + timedelta(seconds=5)).status == {}, "no change must write nothing"
+
+    def test_worker_loss_fails_the_session_and_reclaims_the_slot(self, redis_url):
+        reg = Registry(redis_url, heartbeat_ttl_s=0.3)
+        add_workers(reg, 1)
+        status = assign(reg).status
+        time.sleep(0.45)  # the worker stops heart-beating
+        assert reg.reap_dead_workers(POOL) == [("h200-0", "default/ada")]
+        out = progress(reg, status, T0 + timedelta(seconds=2))
+        assert out.status["phase"] == "Failed" and out.status["conditions"][0]["reason"] == "WorkerLost"
+        assert reg.worker_of("default/ada") is None and reg.pool_counts(POOL).busy == 0
+        add_workers(reg, 1)  # the pod restarts and re-registers: it is claimable again
+        assert assign(reg, name="bob").status["worker"] == "h200-0"
+        reg.close()
+
+    def test_connect_timeout_ends_and_releases(self, registry):
+        add_workers(registry, 1)
+        status = assign(registry).status
+        registry.next_message("h200-0", 0)
+        out = progress(registry, status, T0 + timedelta(seconds=11))
+        assert out.status["phase"] == "Failed" and out.status["conditions"][0]["reason"] == "ConnectTimeout"
+        end = registry.next_message("h200-0", 0)
+        assert isinstance(end, EndRequest) and end.reason == "ConnectTimeout"
+        assert registry.idle_workers(POOL) == ["h200-0"]
+
+    def test_max_duration_ends_the_session(self, registry):
+        add_workers(registry, 1)
+        status = assign(registry).status
+        registry.next_message("h200-0", 0)
+        report(registry, "Streaming", fps=24.0, streamed=50)
+        out = progress(registry, status, T0 + timedelta(seconds=61))
+        assert out.status["phase"] == "Ended" and out.status["conditions"][0]["reason"] == "MaxDuration"
+        assert out.status["endedAt"]
+        assert isinstance(registry.next_message("h200-0", 0), EndRequest)
+        assert registry.idle_workers(POOL) == ["h200-0"]
+
+    def test_delete_tells_the_worker_and_releases(self, registry):
+        add_workers(registry, 1)
+        status = assign(registry).status
+        registry.next_message("h200-0", 0)
+        assert rc.release_session(ref(), SPEC, status, registry=registry) is True
+        end = registry.next_message("h200-0", 0)
+        assert isinstance(end, EndRequest) and end.session_id == "default/ada"
+        assert registry.idle_workers(POOL) == ["h200-0"]
+        assert rc.release_session(ref(), SPEC, status, registry=registry) is False, "second release must be a no-op"
+
+
+class TestAutoRollback:
+    @pytest.mark.parametrize("fps,streamed,fault,expect", [
+        (20.0, 2.0, False, True),    # burns the SLO after >= 1 s
+        (20.0, 0.5, False, False),   # too early to judge
+        (24.0, 5.0, False, False),   # healthy
+        (24.0, 5.0, True, True),     # numerical fault
+    ])
+    def test_rule(self, registry, fps, streamed, fault, expect):
+        add_workers(registry, 1)
+        status = assign(registry).status
+        report(registry, "Streaming", fps=fps, streamed=streamed, fused=True, fault=fault)
+        out = progress(registry, status, T0 + timedelta(seconds=3))
+        assert (out.rollback is not None) == expect, out.rollback
+
+    def test_not_on_the_unfused_path(self, registry):
+        add_workers(registry, 1)
+        status = assign(registry).status
+        report(registry, "Streaming", fps=10.0, streamed=5.0, fused=False)
+        assert progress(registry, status, T0 + timedelta(seconds=3)).rollback is None
+
+    def test_rollback_sticks_until_the_spec_changes(self, redis_url):
+        flags = FlagStore(redis_url)
+        _, patch = rc.apply_spec_flags(POOL_NAME, NS, POOL_SPEC, 1, {}, flags)
+        assert flags.get(POOL).values.fusedGemmAllReduce is True and patch["flagsAppliedGeneration"] == 1
+        status = dict(patch)
+        new = rc.auto_rollback(flags, POOL, "fps 20 < 23.5")
+        assert new is not None and new.updated_by == rc.AUTO_ROLLBACK_ACTOR and not new.values.fusedGemmAllReduce
+        assert rc.auto_rollback(flags, POOL, "again") is None, "second rollback must be a no-op"
+        _, patch = rc.apply_spec_flags(POOL_NAME, NS, POOL_SPEC, 1, status, flags)  # resync, same generation
+        assert flags.get(POOL).values.fusedGemmAllReduce is False, "resync re-enabled a rolled-back flag"
+        cond = patch["conditions"][0]
+        assert (cond["type"], cond["status"], cond["reason"]) == ("FlagsMatchSpec", "False", "AutoRollback")
+        status.update(patch)
+        _, patch = rc.apply_spec_flags(POOL_NAME, NS, POOL_SPEC, 2, status, flags)  # the user edited the spec
+        assert flags.get(POOL).values.fusedGemmAllReduce is True
+        assert patch["conditions"][0]["status"] == "True"
+
+
+class TestScale:
+    def test_plan(self):
+        assert rc.plan_scale(0, set(), set(), min_idle=1, max_workers=4) == rc.ScalePlan(1)
+        assert rc.plan_scale(2, {0, 1}, set(), 1, 4) == rc.ScalePlan(3)
+        assert rc.plan_scale(4, {0, 1, 2, 3}, set(), 2, 4) == rc.ScalePlan(4), "maxWorkers caps"
+        assert rc.plan_scale(4, {0}, {1, 2, 3}, 1, 4) == rc.ScalePlan(2, ("2", "3"))
+        assert rc.plan_scale(4, {3}, {0, 1, 2}, 1, 4) == rc.ScalePlan(4), "a busy top ordinal blocks scale-down"
+
+    def test_scale_down_drains_only_idle_workers(self, registry):
+        add_workers(registry, 4)
+        for name in ("a", "b"):
+            assign(registry, name=name)  # takes h200-0 and h200-1 (claims are sorted)
+        plan = rc.pool_scale(POOL_NAME, NS, POOL_SPEC, 4, registry=registry)
+        assert plan == rc.ScalePlan(3, ("h200-3",)), plan
+        assert registry.pool_counts(POOL).draining == 1
+        assert assign(registry, name="c").status["worker"] == "h200-2", "a draining worker was claimed"
+        counts = rc.pool_status(POOL_NAME, NS, registry, plan.replicas)
+        assert (counts["busy"], counts["idle"], counts["draining"]) == (3, 0, 1), counts
