@@ -135,6 +135,18 @@ def write_kv_ref(
 if triton is not None:
 
     @triton.jit
+    def bf16_grid_tl(x):
+        """Round float32 to the nearest bfloat16 value (ties to even), still as float32.
+
+        Triton's CPU interpreter casts float32 -> bfloat16 by truncation; a value already on the
+        bfloat16 grid casts exactly everywhere, so rounding first makes both cast paths agree with torch.
+        """
+        bits = x.to(tl.int32, bitcast=True)
+        lsb = (bits >> 16) & 1
+        r = ((bits + 0x7FFF + lsb) & ~0xFFFF).to(tl.float32, bitcast=True)
+        return tl.where(x != x, x, r)
+
+    @triton.jit
     def store_row_block_tl(
         ra,
         rb,
@@ -171,6 +183,9 @@ if triton is not None:
             tl.store(even + s_cd, qb, mask=mask2)
             tl.store(s_ptr + slot * s_ss + h * s_sh, scale, mask=rmask)
         else:
+            if c_ptr.dtype.element_ty == tl.bfloat16:
+                ra = bf16_grid_tl(ra)
+                rb = bf16_grid_tl(rb)
             tl.store(even, ra.to(c_ptr.dtype.element_ty), mask=mask2)
             tl.store(even + s_cd, rb.to(c_ptr.dtype.element_ty), mask=mask2)
             tl.store(s_ptr + slot * s_ss + h * s_sh, tl.full(slot.shape, 1.0, tl.float32), mask=rmask)

@@ -115,7 +115,8 @@ if triton is not None:
         subnormal = (a + 16384.0) - 16384.0
         r = tl.where(a >= 0.015625, normal, subnormal)
         r = tl.minimum(r, 448.0)
-        # Sign from the bits, so -0.0 stays -0.0.
-        r = tl.where(x.to(tl.int32, bitcast=True) < 0, -r, r)
+        # Copy the sign bit (not -r, which is 0 - r and turns -0.0 into +0.0).
+        sign = x.to(tl.int32, bitcast=True) & ~0x7FFFFFFF
+        r = (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
         r = tl.where(x != x, x, r)
         return r
