@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 from vivant.sessions.flags import FlagStore, FlagWatcher
@@ -39,6 +39,7 @@ from vivant.sessions.models import Assignment, EndRequest, FlagSet, FlagValues, 
 from vivant.sessions.registry import Registry, RegistryUnavailable, redis_client
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -160,6 +161,10 @@ class WorkerService:
         self._lease_lost: str | None = None
         self._chunks_in_session = 0
         self._hb_thread: threading.Thread | None = None
+        # While Redis is unreachable, the chunk loop skips its registry calls (each failed attempt costs a
+        # connect + retry) and tries again every `redis_retry_s`, so an outage does not slow generation.
+        self.redis_retry_s = 0.5
+        self._redis_down_until = 0.0
 
     @property
     def worker_id(self) -> str:
@@ -315,10 +320,7 @@ class WorkerService:
             reason = self._stop_reason(a, elapsed)
             if reason:
                 break
-            try:
-                changed = self.watcher.changed_since(version)
-            except RegistryUnavailable:
-                changed = None  # keep the flags we have
+            changed = self._in_loop(lambda v=version: self.watcher.changed_since(v), None)  # down: keep flags
             if changed is not None:
                 new_flags = changed.with_overrides(a.flag_overrides)
                 log.info("worker %s: session %s flags v%d -> v%d %s at chunk boundary %d", self.worker_id,
@@ -342,7 +344,7 @@ class WorkerService:
             now = time.monotonic()
             if now - last_report >= self.stats_interval_s or (fault and report.numerical_fault):
                 stats = self._stats(a, "Streaming", t0, frames, stalls, compute_ms, version, flags, fault, None)
-                self._report(stats)
+                self._in_loop(lambda st=stats: self.registry.report_session(a.session_id, st), None)
                 last_report = now
         self.runner.end(reason)
         final = self._stats(a, "Ended", t0, frames, stalls, compute_ms, version, flags, fault, reason)
@@ -352,6 +354,17 @@ class WorkerService:
                  final.chunks, final.fps)
         return final
 
+    def _in_loop(self, fn: Callable[[], T], default: T) -> T:
+        """A registry call from the chunk loop: `default` while Redis is known to be down."""
+        now = time.monotonic()
+        if now < self._redis_down_until:
+            return default
+        try:
+            return fn()
+        except RegistryUnavailable:
+            self._redis_down_until = now + self.redis_retry_s
+            return default
+
     def _stop_reason(self, a: Assignment, elapsed: float) -> str:
         if self.stop.is_set():
             return "worker shutting down"
@@ -359,10 +372,7 @@ class WorkerService:
             return f"lease lost: {self._lease_lost}"
         if elapsed >= a.max_duration_s:
             return "max duration reached"
-        try:
-            msg = self.registry.next_message(self.worker_id, 0)
-        except RegistryUnavailable:
-            return ""
+        msg = self._in_loop(lambda: self.registry.next_message(self.worker_id, 0), None)
         if msg is None:
             return ""
         self._ack(msg)

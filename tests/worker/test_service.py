@@ -1,0 +1,277 @@
+"""`vivant worker` (WorkerService) against a real redis-server: session lifecycle, flags applied at chunk
+boundaries, a Redis outage mid-session, malformed inbox messages, crash recovery, and the real tiny
+generator for a few chunks. Most tests use `RecordingRunner`, a small runner that records what it was
+asked to do (the generation itself is tested elsewhere); one uses the real `GeneratorRunner`."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from vivant.sessions.flags import FlagStore
+from vivant.sessions.models import Assignment, FlagValues, WorkerInfo
+from vivant.sessions.registry import Registry
+from vivant.worker.service import ChunkReport, GeneratorRunner, WorkerService
+
+POOL = "gpu-w"
+WID = "worker-0"
+
+
+class RecordingRunner:
+    """Records, per chunk, the flags in force when the chunk started and when it ended, and any
+    `apply_flags` call that arrives while a chunk is running (must never happen)."""
+
+    frames_per_chunk = 4
+    chunk_seconds = 4 / 24
+
+    def __init__(self, step_s: float = 0.005) -> None:
+        self.step_s = step_s
+        self.flags = FlagValues()
+        self.in_step = False
+        self.chunks: list[tuple[int, bool, bool]] = []  # (index, fused at start, fused at end)
+        self.mid_chunk_changes: list[int] = []
+        self.sessions: list[str] = []
+        self.ended: list[str] = []
+        self.entered = threading.Event()  # set when a chunk starts (for tests that act mid-chunk)
+        self.gate: threading.Event | None = None  # if set, a chunk waits on it before finishing
+        self._n = 0
+
+    def begin(self, assignment: Assignment, flags: FlagValues) -> None:
+        self.sessions.append(assignment.session_id)
+        self.flags, self._n = flags, 0
+
+    def apply_flags(self, flags: FlagValues) -> None:
+        if self.in_step:
+            self.mid_chunk_changes.append(self._n)
+        self.flags = flags
+
+    def step(self) -> ChunkReport:
+        self.in_step = True
+        start = self.flags.fusedGemmAllReduce
+        self.entered.set()
+        if self.gate is not None:
+            assert self.gate.wait(10), "test never opened the gate"
+        time.sleep(self.step_s)
+        end = self.flags.fusedGemmAllReduce
+        self.chunks.append((self._n, start, end))
+        self.in_step = False
+        self._n += 1
+        return ChunkReport(index=self._n - 1, compute_ms=self.step_s * 1e3, frames=self.frames_per_chunk)
+
+    def end(self, reason: str) -> None:
+        self.ended.append(reason)
+
+
+def wait_for(what: str, cond: Callable[[], object], timeout: float = 10.0) -> object:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            value = cond()
+        except Exception:  # noqa: BLE001 (e.g. Redis down while polling)
+            value = None
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def assignment(session_id: str = "ns/s1", **over) -> Assignment:
+    body = dict(session_id=session_id, namespace="ns", pool=POOL, character="ada", room="room-1",
+                livekit_url="wss://lk.example", agent_identity="agent-1", token="tok", max_duration_s=60)
+    body.update(over)
+    return Assignment(**body)
+
+
+class Harness:
+    """A WorkerService running in a thread, plus an operator-side registry to drive it."""
+
+    def __init__(self, url: str, runner, ttl: float = 3.0, **kw) -> None:  # noqa: ANN001
+        self.worker_registry = Registry(url, heartbeat_ttl_s=ttl)
+        self.registry = Registry(url, heartbeat_ttl_s=ttl)  # the operator's own client
+        self.flags = FlagStore(url)
+        self.runner = runner
+        self.service = WorkerService(self.worker_registry, FlagStore(url), WorkerInfo(worker_id=WID, pool=POOL),
+                                     runner, poll_s=0.1, stats_interval_s=0.05, **kw)
+        self.thread = threading.Thread(target=self.service.run, daemon=True)
+
+    def start(self) -> Harness:
+        self.thread.start()
+        wait_for("worker idle", lambda: self.registry.idle_workers(POOL) == [WID])
+        return self
+
+    def assign(self, a: Assignment) -> None:
+        assert self.registry.claim_idle_worker(POOL, a.session_id) == WID
+        self.registry.send_assignment(WID, a)
+
+    def stop(self) -> None:
+        self.service.stop.set()
+        self.thread.join(timeout=15)
+        assert not self.thread.is_alive(), "worker did not stop"
+
+
+@pytest.fixture
+def make(redis_url: str) -> Iterator[Callable[..., Harness]]:
+    made: list[Harness] = []
+
+    def factory(runner=None, url: str = redis_url, **kw) -> Harness:  # noqa: ANN001
+        h = Harness(url, runner or RecordingRunner(), **kw)
+        made.append(h)
+        return h
+
+    yield factory
+    for h in made:
+        if h.thread.is_alive():
+            h.stop()
+
+
+class TestLifecycle:
+    def test_assigned_session_streams_reports_and_releases_on_end_request(self, make):
+        h = make().start()
+        h.assign(assignment())
+        wait_for("Streaming stats", lambda: (s := h.registry.session_stats("ns/s1")) and s.phase == "Streaming")
+        wait_for("10 chunks", lambda: len(h.runner.chunks) >= 10)
+        assert h.registry.redis.llen(h.registry.processing_key(WID)) == 0, "assignment not acked once started"
+        h.registry.send_end(WID, "ns/s1", "session deleted")
+        final = wait_for("Ended stats", lambda: (s := h.registry.session_stats("ns/s1")) and s.phase == "Ended" and s)
+        assert final.end_reason == "session deleted" and final.chunks >= 10, final
+        assert final.fps > 0 and final.chunk_p99_ms >= 5.0 and final.streamed_s == pytest.approx(final.chunks / 6)
+        wait_for("worker idle again", lambda: h.registry.idle_workers(POOL) == [WID])
+        assert h.registry.worker_of("ns/s1") is None
+        assert h.runner.ended == ["session deleted"]
+
+    def test_max_duration_ends_the_session(self, make):
+        h = make().start()
+        h.assign(assignment(max_duration_s=0.3))
+        final = wait_for("Ended", lambda: (s := h.registry.session_stats("ns/s1")) and s.phase == "Ended" and s)
+        assert final.end_reason == "max duration reached", final
+
+    def test_shutdown_deregisters(self, make):
+        h = make().start()
+        h.stop()
+        assert h.registry.workers(POOL) == {}, "a stopped worker is still registered"
+
+    def test_stale_assignment_without_lease_is_dropped(self, make):
+        h = make().start()
+        h.registry.send_assignment(WID, assignment("ns/not-leased"))
+        wait_for("inbox drained", lambda: h.registry.redis.llen(h.registry.inbox_key(WID)) == 0)
+        time.sleep(0.2)
+        assert h.runner.sessions == [], "ran a session whose lease it does not hold"
+        assert h.registry.idle_workers(POOL) == [WID]
+
+
+class TestFlagsAtChunkBoundary:
+    def test_change_made_mid_chunk_applies_from_the_next_chunk(self, make):
+        runner = RecordingRunner()
+        h = make(runner).start()
+        h.assign(assignment())
+        wait_for("5 chunks", lambda: len(runner.chunks) >= 5)
+        runner.gate = threading.Event()
+        runner.entered.clear()
+        assert runner.entered.wait(5)
+        held = len(runner.chunks)  # index of the chunk now blocked inside step()
+        changed = h.flags.set(POOL, {"fusedGemmAllReduce": True}, actor="test", reason="mid-chunk flip")
+        time.sleep(0.05)
+        runner.gate.set()
+        runner.gate = None
+        wait_for("chunks after the change", lambda: len(runner.chunks) >= held + 3)
+        h.registry.send_end(WID, "ns/s1", "done")
+        wait_for("idle", lambda: h.registry.idle_workers(POOL) == [WID])
+
+        assert runner.mid_chunk_changes == [], f"flags applied inside chunks {runner.mid_chunk_changes}"
+        torn = [c for c in runner.chunks if c[1] != c[2]]
+        assert torn == [], f"chunks whose flags changed while running: {torn}"
+        assert runner.chunks[held] == (held, False, False), f"the chunk running during the set: {runner.chunks[held]}"
+        assert runner.chunks[held + 1] == (held + 1, True, True), f"next chunk: {runner.chunks[held + 1]}"
+        log = [r for r in h.service.chunk_log if r.session_id == "ns/s1"]
+        assert [r.flag_version for r in log[: held + 1]] == [0] * (held + 1)
+        assert {r.flag_version for r in log[held + 1:]} == {changed.version}
+        final = h.registry.session_stats("ns/s1")
+        assert final.flag_version == changed.version and final.flags.fusedGemmAllReduce is True, final
+
+    def test_session_override_wins_over_pool_flag(self, make):
+        runner = RecordingRunner()
+        h = make(runner).start()
+        h.flags.set(POOL, {"fusedGemmAllReduce": True}, actor="test")
+        h.assign(assignment(flag_overrides={"fusedGemmAllReduce": False}))
+        wait_for("3 chunks", lambda: len(runner.chunks) >= 3)
+        assert all(not c[1] for c in runner.chunks), "the per-session override was ignored"
+
+
+class TestRedisOutage:
+    def test_worker_keeps_generating_reregisters_and_the_session_survives(self, make):
+        from conftest import RedisServer
+
+        server = RedisServer()
+        try:
+            runner = RecordingRunner(step_s=0.01)
+            h = make(runner, url=server.url, ttl=0.6).start()
+            h.assign(assignment())
+            wait_for("Streaming", lambda: (s := h.registry.session_stats("ns/s1")) and s.phase == "Streaming")
+            server.stop()
+            before = len(runner.chunks)
+            time.sleep(1.0)  # longer than the heartbeat TTL
+            during = len(runner.chunks) - before
+            assert during >= 20, f"only {during} chunks generated during a 1 s outage (10 ms chunks)"
+            print(f"chunks during 1 s outage: {during}")
+            server.start()  # comes back EMPTY (no persistence): the worker must re-register with its session
+            wait_for("lease restored", lambda: h.registry.worker_of("ns/s1") == WID, timeout=10)
+            counts = h.registry.pool_counts(POOL)
+            assert (counts.registered, counts.busy, counts.idle) == (1, 1, 0), counts
+            assert h.service.reregistrations >= 1
+            assert h.registry.claim_idle_worker(POOL, "ns/s2") is None, "a streaming worker was claimed again"
+            wait_for("stats after outage", lambda: h.registry.session_stats("ns/s1"))
+            h.registry.send_end(WID, "ns/s1", "session deleted")
+            final = wait_for("Ended", lambda: (s := h.registry.session_stats("ns/s1")) and s.phase == "Ended" and s)
+            assert final.chunks >= before + during, final
+            wait_for("idle after end", lambda: h.registry.idle_workers(POOL) == [WID])
+            assert runner.sessions == ["ns/s1"], f"session restarted or duplicated: {runner.sessions}"
+        finally:
+            server.stop()
+
+
+class TestInboxRobustness:
+    def test_malformed_messages_are_dead_lettered_and_the_worker_keeps_going(self, make, caplog):
+        h = make().start()
+        with caplog.at_level(logging.ERROR):
+            h.registry.redis.rpush(h.registry.inbox_key(WID), b"{oops")
+            h.registry.redis.rpush(h.registry.inbox_key(WID), '{"kind": "assign", "session_id": "ns/s1"}')
+            h.assign(assignment())
+            wait_for("session runs", lambda: len(h.runner.chunks) >= 3)
+        dead = h.registry.dead_letters()
+        assert len(dead) == 2, f"expected 2 dead letters, got {dead}"
+        assert "livekit_url: Field required" in dead[0]["error"], dead[0]
+        assert "Invalid JSON" in dead[1]["error"], dead[1]
+        assert any("room: Field required" in r.getMessage() for r in caplog.records), "error not logged"
+
+    def test_assignment_popped_by_a_crashed_incarnation_is_run_after_restart(self, make, redis_url):
+        reg = Registry(redis_url, heartbeat_ttl_s=3)
+        reg.register(WorkerInfo(worker_id=WID, pool=POOL, warm=True))
+        assert reg.claim_idle_worker(POOL, "ns/s1") == WID
+        reg.send_assignment(WID, assignment())
+        assert reg.next_message(WID, 1) is not None  # popped, then the process "died" before acking
+        h = make()
+        h.thread.start()
+        wait_for("recovered session runs", lambda: len(h.runner.chunks) >= 3)
+        assert h.runner.sessions == ["ns/s1"]
+
+    def test_lease_of_a_session_that_died_with_the_previous_incarnation_is_given_up(self, make, redis_url):
+        reg = Registry(redis_url, heartbeat_ttl_s=3)
+        reg.register(WorkerInfo(worker_id=WID, pool=POOL, warm=True))
+        reg.claim_idle_worker(POOL, "ns/s1")  # assignment was acked and streaming when the pod died
+        h = make().start()
+        assert h.registry.lost_reason("ns/s1") == f"worker {WID} restarted"
+        assert h.registry.worker_of("ns/s1") is None
+
+
+def test_real_tiny_generator_streams_a_few_chunks(make):
+    runner = GeneratorRunner("tiny", mode="optimized", device="cpu")
+    h = make(runner).start()
+    h.assign(assignment())
+    wait_for("3 chunks", lambda: (s := h.registry.session_stats("ns/s1")) and s.chunks >= 3, timeout=60)
+    h.registry.send_end(WID, "ns/s1", "done")
+    final = wait_for("Ended", lambda: (s := h.registry.session_stats("ns/s1")) and s.phase == "Ended" and s)
+    assert final.chunks >= 3 and not final.numerical_fault and final.chunk_p99_ms > 0, final
+    assert runner.generator.chunk == final.chunks, "generator chunk counter disagrees with the stats"
