@@ -1,0 +1,75 @@
+"""Compile the cache kernels ahead of time for an H100/H200 (sm_90) target, with no GPU present.
+
+Run as a script WITHOUT ``TRITON_INTERPRET`` (the interpreter replaces ``triton.jit`` functions at
+import time). Triton lowers each kernel to PTX and assembles it with the ``ptxas`` its wheel
+carries, so compile-only failures (unsupported ops, type errors that the interpreter tolerates)
+show on CPU CI. Prints one JSON object: variant name -> counts of the PTX instructions we rely on.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections import Counter
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from vivant.kernels import cache_write, delta_rotate
+
+TARGET = GPUTarget("cuda", 90, 32)
+# The 57b head: D=128, rope_dims (44, 42, 42) -> 64 pairs, 22 t-band pairs, 43 t+h pairs.
+WRITE_CONST = {"HALF": 64, "DT2": 22, "DTH2": 43, "BLOCK_N": 16, "BLOCK_P": 64}
+ROTATE_CONST = {"HALF": 64, "DT2": 22, "BLOCK_M": 16, "BLOCK_P": 64}
+INSTRUCTIONS = re.compile(r"^\s*((?:div|cvt|sin|cos)\.[\w.]+)", re.M)
+
+
+def compile_kernel(fn, pointers: dict[str, str], scalars: dict[str, str], const: dict) -> str:
+    sig = dict(pointers)
+    sig.update(scalars)
+    for name in fn.arg_names:
+        if name.startswith("s_"):
+            sig[name] = "i32"
+    for name in const:
+        sig[name] = "constexpr"
+    missing = [n for n in fn.arg_names if n not in sig]
+    if missing:
+        raise SystemExit(f"signature misses kernel arguments {missing}")
+    sig = {n: sig[n] for n in fn.arg_names}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+    compiled = triton.compile(src, target=TARGET)
+    if not compiled.asm.get("cubin"):
+        raise SystemExit("ptxas produced no cubin")
+    return compiled.asm["ptx"]
+
+
+def main() -> int:
+    report = {}
+    for tokens, pos, cache, fp8 in (
+        ("*bf16", "*i64", "*fp8e4nv", True),
+        ("*fp32", "*i32", "*fp32", False),
+        ("*bf16", "*i64", "*bf16", False),
+    ):
+        ptx = compile_kernel(
+            cache_write._write_kv_kernel,
+            {"k_ptr": tokens, "v_ptr": tokens, "pos_ptr": pos, "slot_ptr": "*i64", "inv_freq_ptr": "*fp32",
+             "kc_ptr": cache, "vc_ptr": cache, "ks_ptr": "*fp32", "vs_ptr": "*fp32"},
+            {"N": "i32"},
+            {**WRITE_CONST, "FP8": fp8},
+        )  # fmt: skip
+        report[f"write_kv {tokens[1:]}->{cache[1:]}"] = Counter(INSTRUCTIONS.findall(ptx))
+    for cache, fp8 in (("*fp8e4nv", True), ("*fp32", False)):
+        ptx = compile_kernel(
+            delta_rotate._delta_rotate_kernel,
+            {"kc_ptr": cache, "ks_ptr": "*fp32", "slot_ptr": "*i64", "inv_t_ptr": "*fp32"},
+            {"delta": "fp32", "M": "i32"},
+            {**ROTATE_CONST, "FP8": fp8},
+        )
+        report[f"delta_rotate {cache[1:]}"] = Counter(INSTRUCTIONS.findall(ptx))
+    json.dump(report, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,57 @@
+"""The cache kernels compile for sm_90 (H100/H200) on a machine without a GPU, and use the intended PTX.
+
+The interpreted tests check the kernels' numbers; this checks that the same source also lowers to
+real GPU code (the interpreter accepts things the compiler rejects), and that the compiled FP8
+path divides with IEEE round-to-nearest (``div.rn.f32``, the same division torch uses, so scales
+and codes can match the reference bitwise) and converts with ``cvt.rn.satfinite.e4m3x2.f32``.
+Runs ``sm90_compile.py`` in a subprocess without TRITON_INTERPRET and with a fresh Triton cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+SCRIPT = Path(__file__).with_name("sm90_compile.py")
+
+
+@pytest.fixture(scope="module")
+def ptx_report(tmp_path_factory) -> dict[str, dict[str, int]]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton_cache"))
+    proc = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, f"sm_90 compile failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+    return json.loads(proc.stdout)
+
+
+def test_every_variant_compiles(ptx_report):
+    assert sorted(ptx_report) == sorted(
+        [
+            "write_kv bf16->fp8e4nv",
+            "write_kv fp32->fp32",
+            "write_kv bf16->bf16",
+            "delta_rotate fp8e4nv",
+            "delta_rotate fp32",
+        ]
+    ), f"variants compiled: {sorted(ptx_report)}"
+
+
+@pytest.mark.parametrize("variant", ["write_kv bf16->fp8e4nv", "delta_rotate fp8e4nv"])
+def test_fp8_path_uses_ieee_division_and_saturating_rne_conversion(ptx_report, variant):
+    ops = ptx_report[variant]
+    assert ops.get("div.rn.f32", 0) > 0, f"{variant}: no div.rn.f32 in the PTX; instructions seen: {ops}"
+    approx = {k: v for k, v in ops.items() if k.startswith("div.") and k != "div.rn.f32"}
+    assert not approx, f"{variant}: approximate divisions {approx} would break bitwise agreement with torch"
+    assert ops.get("cvt.rn.satfinite.e4m3x2.f32", 0) > 0, f"{variant}: no e4m3 conversion; instructions: {ops}"
+
+
+def test_bf16_cache_path_converts_with_round_to_nearest(ptx_report):
+    ops = ptx_report["write_kv bf16->bf16"]
+    assert any(k.startswith("cvt.rn.bf16") for k in ops), f"no cvt.rn.bf16.* in the PTX; instructions: {ops}"
