@@ -42,8 +42,16 @@ app.kubernetes.io/component: {{ .component }}
 app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
+{{/* "repo:tag" with the tag pinned: (dict "image" .Values.image "field" "image") */}}
+{{- define "vivant.pinnedImage" -}}
+{{- if or (not .image.tag) (eq (toString .image.tag) "latest") }}
+{{- fail (printf "%s.tag: expected a pinned release tag, got %q (`latest` and empty tags are not allowed)" .field (toString .image.tag)) }}
+{{- end }}
+{{- printf "%s:%s" .image.repository (toString .image.tag) }}
+{{- end }}
+
 {{- define "vivant.image" -}}
-{{- printf "%s:%s" .Values.image.repository .Values.image.tag }}
+{{- include "vivant.pinnedImage" (dict "image" .Values.image "field" "image") }}
 {{- end }}
 
 {{- define "vivant.operatorServiceAccount" -}}

@@ -1,0 +1,485 @@
+"""The Helm chart (charts/vivant) rendered by the real helm binary (.venv/bin/helm, from `make install`).
+
+Rendered with the default values and each file under charts/vivant/ci/, then:
+- `helm lint --strict` passes and every built-in object passes `kubernetes-validate --strict` (k8s 1.31);
+- custom resources are checked by schema: the WorkerPool against the CRD's own openAPIV3Schema (and the
+  pydantic model the operator parses it with); PodMonitor/ServiceMonitor/PrometheusRule against the
+  subset of the Prometheus Operator's schema the chart uses (its CRDs are not vendored here);
+- assertions on what an operator of the cluster cares about: RBAC verbs, pod security, pinned images,
+  GPU requests and nodeSelector of the worker pool (through the operator's own StatefulSet builder),
+  feature flags -> objects present or absent, the CRDs and the rules file carried without a fork;
+- bad values fail the render with a message naming the value.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "vivant"
+CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
+HELM = Path(sys.executable).parent / "helm"
+K8S_VERSION = "1.31"
+CUSTOM_GROUPS = ("vivant.dev/", "monitoring.coreos.com/")
+DEFAULT_RUNBOOK_BASE = "https://github.com/vivant-dev/vivant/blob/main/docs/runbooks"
+
+pytestmark = pytest.mark.skipif(not HELM.exists(), reason=f"{HELM} missing: run `make install` (tools/install_helm.py)")
+
+VALUE_SETS = {"default": None, **{p.stem: p for p in CI_VALUES}}
+
+
+def helm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(HELM), *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+@cache
+def render(values: str | None = None, *sets: str) -> tuple[dict, ...]:
+    """`helm template` (with CRDs) -> the rendered objects."""
+    args = ["template", "rel", str(CHART), "--namespace", "vivant-system", "--include-crds"]
+    if values:
+        args += ["-f", values]
+    for s in sets:
+        args += ["--set", s]
+    out = helm(*args)
+    assert out.returncode == 0, f"helm template failed ({values}, {sets}):\n{out.stderr}"
+    return tuple(d for d in yaml.safe_load_all(out.stdout) if d)
+
+
+def objects(name: str) -> tuple[dict, ...]:
+    path = VALUE_SETS[name]
+    return render(str(path) if path else None)
+
+
+def find(objs, kind: str, name: str | None = None) -> list[dict]:
+    return [o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+
+
+def one(objs, kind: str, name: str | None = None) -> dict:
+    found = find(objs, kind, name)
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {[o['metadata']['name'] for o in found]}"
+    return found[0]
+
+
+def rules_of(role: dict) -> dict[tuple[str, str], set[str]]:
+    table: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for res in rule["resources"]:
+                table.setdefault((group, res), set()).update(rule["verbs"])
+    return table
+
+
+# ------------------------------------------------------------------------------ lint and validation
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_helm_lint_strict(name: str):
+    path = VALUE_SETS[name]
+    out = helm("lint", "--strict", str(CHART), *(["-f", str(path)] if path else []))
+    assert out.returncode == 0, f"helm lint --strict ({name}) failed:\n{out.stdout}\n{out.stderr}"
+
+
+def test_there_are_several_non_default_value_files():
+    assert len(CI_VALUES) >= 3, f"expected >= 3 values files under charts/vivant/ci, found {[p.name for p in CI_VALUES]}"
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_builtin_objects_pass_kubernetes_validate_strict(name: str):
+    builtin = [o for o in objects(name) if not o["apiVersion"].startswith(CUSTOM_GROUPS)]
+    assert builtin, "nothing rendered"
+    errors = []
+    for o in builtin:
+        try:
+            kubernetes_validate.validate(o, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            errors.append(f"{o['kind']}/{o['metadata']['name']}: {str(exc).splitlines()[0]}")
+    assert not errors, f"{name}: objects rejected by kubernetes-validate --strict {K8S_VERSION}:\n" + "\n".join(errors)
+
+
+def test_a_broken_object_would_be_caught_by_the_validator():
+    deployment = json.loads(json.dumps(one(objects("default"), "Deployment", "rel-vivant-operator")))
+    deployment["spec"]["template"]["spec"]["containers"][0]["securityContext"]["runAsNonroot"] = True  # typo
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+
+
+# Structure of the Prometheus Operator kinds, limited to the fields the chart writes (strict there).
+_ENDPOINT = {
+    "type": "object", "additionalProperties": False, "required": ["port"],
+    "properties": {"port": {"type": "string"}, "path": {"type": "string", "pattern": "^/"},
+                   "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"}},
+}
+_SELECTOR = {
+    "type": "object", "additionalProperties": False,
+    "properties": {
+        "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "matchExpressions": {"type": "array", "items": {
+            "type": "object", "additionalProperties": False, "required": ["key", "operator"],
+            "properties": {"key": {"type": "string"}, "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                           "values": {"type": "array", "items": {"type": "string"}}}}},
+    },
+}
+_NS_SELECTOR = {
+    "type": "object", "additionalProperties": False,
+    "properties": {"any": {"type": "boolean"}, "matchNames": {"type": "array", "items": {"type": "string"}}},
+}
+MONITORING_SCHEMAS = {
+    "PodMonitor": {"type": "object", "additionalProperties": False, "required": ["selector", "podMetricsEndpoints"],
+                   "properties": {"selector": _SELECTOR, "namespaceSelector": _NS_SELECTOR,
+                                  "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": _ENDPOINT}}},
+    "ServiceMonitor": {"type": "object", "additionalProperties": False, "required": ["selector", "endpoints"],
+                       "properties": {"selector": _SELECTOR, "namespaceSelector": _NS_SELECTOR,
+                                      "endpoints": {"type": "array", "minItems": 1, "items": _ENDPOINT}}},
+    "PrometheusRule": {"type": "object", "additionalProperties": False, "required": ["groups"], "properties": {
+        "groups": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "additionalProperties": False, "required": ["name", "rules"],
+            "properties": {"name": {"type": "string"}, "interval": {"type": "string"}, "rules": {"type": "array", "items": {
+                "type": "object", "additionalProperties": False, "required": ["expr"],
+                "oneOf": [{"required": ["record"]}, {"required": ["alert"]}],
+                "properties": {"record": {"type": "string"}, "alert": {"type": "string"}, "expr": {"type": "string"},
+                               "for": {"type": "string"}, "labels": {"type": "object"},
+                               "annotations": {"type": "object"}}}}}}}}},
+}
+
+
+def crd_schemas() -> dict[str, dict]:
+    out = {}
+    for path in sorted((ROOT / "crds").glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        version = next(v for v in crd["spec"]["versions"] if v.get("storage"))
+        out[crd["spec"]["names"]["kind"]] = version["schema"]["openAPIV3Schema"]
+    return out
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_custom_resources_match_their_schemas(name: str):
+    schemas = crd_schemas()
+    for o in objects(name):
+        kind = o["kind"]
+        if o["apiVersion"].startswith("vivant.dev/"):
+            assert kind in schemas, f"{kind}: no CRD for it under crds/"
+            jsonschema.validate(o, schemas[kind])
+        elif o["apiVersion"] == "monitoring.coreos.com/v1":
+            jsonschema.validate(o["spec"], MONITORING_SCHEMAS[kind])
+
+
+# ------------------------------------------------------------------------------ CRDs and rules: no fork
+
+
+def test_chart_carries_the_repository_crds_unforked():
+    link = CHART / "crds"
+    assert link.is_symlink() and link.resolve() == (ROOT / "crds").resolve(), (
+        "charts/vivant/crds must be a symlink to the generated crds/ (one source)"
+    )
+    expected = [yaml.safe_load(p.read_text()) for p in sorted((ROOT / "crds").glob("*.yaml"))]
+    assert expected, "crds/ holds no CRD yet"
+    rendered = find(objects("default"), "CustomResourceDefinition")
+    by_name = {c["metadata"]["name"]: c for c in rendered}
+    assert sorted(by_name) == sorted(c["metadata"]["name"] for c in expected)
+    for crd in expected:
+        assert by_name[crd["metadata"]["name"]] == crd, f"{crd['metadata']['name']}: rendered CRD differs from crds/"
+
+
+def test_prometheus_rule_is_the_rules_file_verbatim():
+    rule = one(objects("trial-values"), "PrometheusRule")
+    assert rule["spec"] == yaml.safe_load((CHART / "files" / "rules.yaml").read_text())
+
+
+def test_runbook_base_url_is_swapped_everywhere():
+    rule = one(objects("production-values"), "PrometheusRule")
+    urls = [r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert urls, "no alerts in the PrometheusRule"
+    for url in urls:
+        assert re.fullmatch(r"https://runbooks\.example\.com/vivant/Vivant\w+\.md", url), url
+    assert DEFAULT_RUNBOOK_BASE not in json.dumps(rule)
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool missing: run `make sysdeps`")
+def test_rendered_rules_pass_promtool(tmp_path: Path):
+    rule = one(objects("production-values"), "PrometheusRule")
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump(rule["spec"]))
+    out = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_dashboard_configmap_is_the_dashboard_file():
+    cm = one(objects("trial-values"), "ConfigMap", "rel-vivant-dashboard")
+    assert json.loads(cm["data"]["vivant-fleet.json"]) == json.loads((CHART / "files" / "dashboard.json").read_text())
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
+# ------------------------------------------------------------------------------ flags -> objects
+
+
+@pytest.mark.parametrize(
+    ("name", "present"),
+    [
+        ("default", set()),
+        ("namespaced-values", set()),
+        ("trial-values", {"PodMonitor", "PrometheusRule", "ConfigMap", "WorkerPool"}),
+        ("production-values", {"PodMonitor", "ServiceMonitor", "PrometheusRule", "ConfigMap", "WorkerPool"}),
+    ],
+)
+def test_optional_objects_follow_their_flags(name: str, present: set[str]):
+    optional = {"PodMonitor", "ServiceMonitor", "PrometheusRule", "ConfigMap", "WorkerPool"}
+    kinds = {o["kind"] for o in objects(name)}
+    assert kinds & optional == present, f"{name}: optional objects {sorted(kinds & optional)}, expected {sorted(present)}"
+
+
+def test_prometheus_rule_toggles_with_its_flag_alone():
+    on = render(None, "prometheusRule.enabled=true")
+    off = render(None, "prometheusRule.enabled=false")
+    assert len(find(on, "PrometheusRule")) == 1 and not find(off, "PrometheusRule")
+    assert {o["kind"] for o in on} - {"PrometheusRule"} == {o["kind"] for o in off}
+
+
+def test_in_chart_redis_and_its_url_secret():
+    objs = objects("trial-values")
+    one(objs, "Deployment", "rel-vivant-redis")
+    svc = one(objs, "Service", "rel-vivant-redis")
+    secret = one(objs, "Secret", "rel-vivant-redis")
+    assert secret["stringData"]["url"] == f"redis://{svc['metadata']['name']}.vivant-system.svc:6379/0"
+    assert not find(objects("default"), "Deployment", "rel-vivant-redis")
+
+
+@pytest.mark.parametrize(("name", "secret"), [("default", "vivant-redis"), ("production-values", "rel-vivant-redis"),
+                                             ("namespaced-values", "shared-redis"), ("trial-values", "rel-vivant-redis")])
+def test_operator_and_workers_read_redis_from_the_same_secret(name: str, secret: str):
+    op = one(objects(name), "Deployment", "rel-vivant-operator")
+    env = {e["name"]: e for e in op["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["VIVANT_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": secret, "key": "url"}
+    assert env["VIVANT_WORKER_REDIS_SECRET"]["value"] == secret
+
+
+# ------------------------------------------------------------------------------ RBAC
+
+OPERATOR_NAMESPACED = {
+    ("vivant.dev", "charactersessions"): {"get", "list", "watch", "patch"},
+    ("vivant.dev", "workerpools"): {"get", "list", "watch", "patch"},
+    ("vivant.dev", "charactersessions/status"): {"get", "patch"},
+    ("vivant.dev", "workerpools/status"): {"get", "patch"},
+    ("vivant.dev", "workerpools/scale"): {"get"},
+    ("apps", "statefulsets"): {"get", "create", "patch"},
+    ("", "services"): {"create", "patch"},
+    ("policy", "poddisruptionbudgets"): {"create", "patch"},
+    ("", "secrets"): {"create", "patch"},
+    ("", "events"): {"create", "patch"},
+    ("events.k8s.io", "events"): {"create", "patch"},
+}
+CRD_READ = {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
+
+
+def test_operator_cluster_role_is_exactly_what_it_uses():
+    role = one(objects("default"), "ClusterRole", "rel-vivant-operator")
+    assert rules_of(role) == {**CRD_READ, **OPERATOR_NAMESPACED}
+
+
+def test_operator_with_peering_may_use_kopf_peerings_only_then():
+    with_peering = rules_of(one(objects("production-values"), "ClusterRole", "rel-vivant-operator"))
+    assert with_peering == {**CRD_READ, **OPERATOR_NAMESPACED, ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch"}}
+
+
+def test_namespaced_operator_gets_roles_in_its_namespaces_only():
+    objs = objects("namespaced-values")
+    assert rules_of(one(objs, "ClusterRole", "rel-vivant-operator")) == CRD_READ
+    roles = find(objs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["studio-a", "studio-b"]
+    for role in roles:
+        assert rules_of(role) == OPERATOR_NAMESPACED
+    bindings = find(objs, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["studio-a", "studio-b"]
+    for b in bindings:
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": "rel-vivant-operator", "namespace": "vivant-system"}]
+    op = one(objs, "Deployment", "rel-vivant-operator")
+    args = op["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=studio-a" in args and "--namespace=studio-b" in args
+
+
+def test_api_role_touches_sessions_and_reads_pools_only():
+    assert rules_of(one(objects("default"), "ClusterRole", "rel-vivant-api")) == {
+        ("vivant.dev", "charactersessions"): {"get", "list", "watch", "create", "delete"},
+        ("vivant.dev", "workerpools"): {"get", "list"},
+    }
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_no_wildcards_and_no_secret_reads_anywhere(name: str):
+    for role in [*find(objects(name), "ClusterRole"), *find(objects(name), "Role")]:
+        for rule in role["rules"]:
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[key], f"{role['metadata']['name']}: wildcard in {key}"
+            if "secrets" in rule["resources"]:
+                assert not {"get", "list", "watch"} & set(rule["verbs"]), f"{role['metadata']['name']} can read secrets"
+
+
+# ------------------------------------------------------------------------------ pods
+
+
+def pod_specs(objs) -> list[tuple[str, dict]]:
+    return [(o["metadata"]["name"], o["spec"]["template"]["spec"]) for o in objs if o["kind"] in ("Deployment", "StatefulSet")]
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_pods_run_non_root_read_only_without_capabilities(name: str):
+    specs = pod_specs(objects(name))
+    assert specs
+    for obj, spec in specs:
+        assert spec["securityContext"]["runAsNonRoot"] is True, obj
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, obj
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True, f"{obj}/{c['name']}: writable root filesystem"
+            assert sc["allowPrivilegeEscalation"] is False, f"{obj}/{c['name']}: privilege escalation allowed"
+            assert sc["capabilities"]["drop"] == ["ALL"], f"{obj}/{c['name']}: capabilities {sc['capabilities']}"
+            assert sc.get("privileged") is not True, f"{obj}/{c['name']}: privileged"
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_images_are_pinned(name: str):
+    images = [c["image"] for _, spec in pod_specs(objects(name)) for c in spec["containers"]]
+    images += [o["spec"]["image"] for o in find(objects(name), "WorkerPool")]
+    for image in images:
+        repo, _, tag = image.rpartition(":")
+        assert repo and "/" not in tag and tag and tag != "latest", f"image {image!r} is not pinned to a tag"
+
+
+def test_operator_node_selector_comes_from_values():
+    spec = one(objects("production-values"), "Deployment", "rel-vivant-operator")["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"node-role.vivant.dev/control-plane": "true"}
+    assert "nodeSelector" not in one(objects("default"), "Deployment", "rel-vivant-operator")["spec"]["template"]["spec"]
+
+
+# ------------------------------------------------------------------------------ the worker pool
+
+
+def test_worker_pool_passes_gpus_node_selector_and_flags_through():
+    pool = one(objects("production-values"), "WorkerPool")
+    assert pool["metadata"] == {**pool["metadata"], "name": "h200", "namespace": "vivant-system"}
+    spec = pool["spec"]
+    assert spec["gpusPerWorker"] == 5 and spec["tensorParallel"] == 4
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
+    assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert spec["flags"] == {"fusedGemmAllReduce": True}
+
+
+def test_operator_builds_five_gpu_workers_on_the_selected_nodes_from_the_chart_pool():
+    """The chart's WorkerPool, parsed as the operator parses it, becomes pods requesting 5 GPUs on the H200 nodes."""
+    from vivant.operator.builders import Owner, WorkerRuntime, build_statefulset
+    from vivant.sessions.resources import WorkerPoolSpec
+
+    pool = one(objects("production-values"), "WorkerPool")
+    spec = WorkerPoolSpec.model_validate(pool["spec"])
+    sts = build_statefulset("h200", "vivant-system", Owner(kind="WorkerPool", name="h200", uid="u-1"), spec, 2,
+                            WorkerRuntime(redis_secret="rel-vivant-redis"))
+    pod = sts["spec"]["template"]["spec"]
+    res = pod["containers"][0]["resources"]
+    assert res["requests"]["nvidia.com/gpu"] == "5" and res["limits"]["nvidia.com/gpu"] == "5", res
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
+    kubernetes_validate.validate(sts, K8S_VERSION, strict=True)
+    # The chart's worker PodMonitor selects these pods on their metrics port.
+    monitor = find(objects("production-values"), "PodMonitor", "rel-vivant-workers")[0]
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    ports = {p["name"] for p in pod["containers"][0]["ports"]}
+    assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} <= ports
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+
+
+def test_trial_pool_is_a_valid_operator_spec():
+    from vivant.sessions.resources import WorkerPoolSpec
+
+    spec = WorkerPoolSpec.model_validate(one(objects("trial-values"), "WorkerPool")["spec"])
+    assert (spec.model.preset, spec.gpus_per_worker, spec.tensor_parallel) == ("tiny", 2, 1)
+
+
+# ------------------------------------------------------------------------------ bad values
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["image.tag=latest"], "image.tag"),
+        (["workerPool.enabled=true", "workerPool.image.tag=latest"], "workerPool.image.tag"),
+        (["redis.internal.enabled=true", "redis.internal.image.tag=latest"], "redis.internal.image.tag"),
+        (["workerPool.gpusPerWorker=five"], "workerPool.gpusPerWorker"),
+        (["workerPool.model.preset=70b"], "workerPool.model.preset"),
+        (["operator.metricsPort=70000"], "operator.metricsPort"),
+        (["redis.url=redis://r:6379/0", "redis.internal.enabled=true"], "redis.url"),
+        (["redis.url=http://r:6379"], "redis.url"),
+        (["redis.existingSecret="], "redis.existingSecret"),
+        (["livekit.apiKey=k"], "apiSecret"),
+        (["operator.replicas=2"], "operator.peering.enabled"),
+        (["operator.unknownKnob=1"], "unknownKnob"),
+    ],
+)
+def test_bad_values_fail_with_a_message_naming_them(sets: list[str], message: str):
+    args = ["template", "rel", str(CHART)]
+    for s in sets:
+        args += ["--set", s]
+    out = helm(*args)
+    assert out.returncode != 0, f"helm template accepted {sets}"
+    assert message in out.stderr, f"error for {sets} does not name {message!r}:\n{out.stderr}"
+
+
+# ------------------------------------------------------------------------------ values documentation
+
+
+def undocumented_values(text: str) -> list[str]:
+    """Keys of values.yaml without a `# --` comment, unless a documented ancestor covers them or all
+    their children are documented (helm-docs conventions)."""
+    lines = text.splitlines()
+    entries = []  # (indent, key, documented)
+    pending_doc = False
+    for line in lines:
+        stripped = line.strip()
+        if stripped.startswith("# --"):
+            pending_doc = True
+            continue
+        if not stripped or stripped.startswith("#"):
+            continue
+        m = re.match(r"^( *)([A-Za-z0-9_.-]+):", line)
+        if m and not stripped.startswith("- "):
+            entries.append((len(m.group(1)), m.group(2), pending_doc))
+        pending_doc = False
+    missing = []
+
+    def walk(i: int, covered: bool, path: str) -> tuple[int, bool]:
+        indent, key, doc = entries[i]
+        full = f"{path}.{key}" if path else key
+        j = i + 1
+        children_ok = True
+        has_children = False
+        while j < len(entries) and entries[j][0] > indent:
+            has_children = True
+            j, ok = walk(j, covered or doc, full)
+            children_ok &= ok
+        ok = doc or covered or (has_children and children_ok)
+        if not ok and not has_children:
+            missing.append(full)
+        return j, ok
+
+    i = 0
+    while i < len(entries):
+        i, _ = walk(i, False, "")
+    return missing
+
+
+def test_every_value_is_documented():
+    missing = undocumented_values((CHART / "values.yaml").read_text())
+    assert not missing, f"values without a `# --` comment: {missing}"
+
+
+def test_the_documentation_check_finds_an_undocumented_value():
+    assert undocumented_values("# -- ok\na: 1\nb:\n  c: 2\n  # -- fine\n  d: 3\n") == ["b.c"]
