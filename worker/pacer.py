@@ -302,6 +302,17 @@ class Pacer:
         return PublishedFrame(self._slot, self._slot / self.config.fps, last.chunk_index, last.content_index, True,
                               last.rgb, np.zeros(n, np.float32), due, now, None)
 
+    def wait_until_started(self, chunks: int, timeout: float | None = None) -> bool:
+        """Block (real time) until the first frame of chunk `chunks - 1` is out, i.e. `chunks` chunks
+        have started playing (True), or the timeout passes (False). The generator's lead limit."""
+        fpc = self.config.frames_per_chunk
+        with self._cond:
+            return self._cond.wait_for(lambda: self._generated > (chunks - 1) * fpc or self._input_closed, timeout)
+
+    def stall_count(self) -> int:
+        with self._cond:
+            return len(self._stalls)
+
     def stats(self) -> PacerStats:
         with self._cond:
             return PacerStats(
