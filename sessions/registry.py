@@ -164,7 +164,9 @@ if warm == '1' then redis.call('SADD', pk(pool, 'warm'), w) else redis.call('SRE
 local result = 1
 if session ~= '' then
   local holder = redis.call('HGET', pfx .. 'session_worker', session)
-  if redis.call('EXISTS', pfx .. 'session:' .. session .. ':lost') == 1 or (holder and holder ~= w) then
+  local mine = redis.call('HGET', pk(pool, 'busy'), w)
+  if redis.call('EXISTS', pfx .. 'session:' .. session .. ':lost') == 1 or (holder and holder ~= w)
+     or (mine and mine ~= session) then
     result = 0
   else
     redis.call('HSET', pk(pool, 'busy'), w, session)
@@ -349,7 +351,7 @@ class Registry:
         A warm worker with no lease becomes idle. `session_id`: the session this worker is streaming
         right now (re-registration after Redis came back empty): its lease is restored. Returns False
         when that session cannot be kept — it was reaped (heartbeat expired) or is held by another
-        worker — and the worker must stop streaming it. Always True without `session_id`. An existing
+        worker, or this worker already holds another lease — and the worker must stop streaming it. Always True without `session_id`. An existing
         lease is kept (an assignment for it may be waiting in the inbox; see `recover_unacked`)."""
         return bool(
             self._register(
@@ -537,7 +539,9 @@ class Registry:
         """Registered workers of a pool (alive or not yet reaped) with what they said about themselves."""
         ids = sorted(_s(w) for w in self.redis.smembers(self._k("pool", pool, "workers")))
         raws = self.redis.mget([self._k("worker", w) for w in ids]) if ids else []
-        return {w: WorkerInfo.model_validate_json(raw) for w, raw in zip(ids, raws, strict=True) if raw}
+        warm = {_s(w) for w in self.redis.smembers(self._k("pool", pool, "warm"))}  # the truth after set_warm
+        return {w: WorkerInfo.model_validate_json(raw).model_copy(update={"warm": w in warm})
+                for w, raw in zip(ids, raws, strict=True) if raw}
 
     @guarded
     def idle_workers(self, pool: str) -> list[str]:

@@ -303,7 +303,15 @@ class WorkerService:
         stats = SessionStats(session_id=a.session_id, worker_id=self.worker_id, phase="Connecting",
                              flag_version=version, flags=flags)
         self._report(stats)
-        self.runner.begin(a, flags)
+        phase = "Ended"
+        try:
+            self.runner.begin(a, flags)
+        except Exception as exc:  # noqa: BLE001 (a session that cannot start fails alone, not the worker)
+            log.exception("worker %s: session %s could not start", self.worker_id, a.session_id)
+            self._ack(a)
+            failed = stats.model_copy(update={"phase": "Failed", "end_reason": f"worker error: {exc!r}"})
+            self._finish(a, failed, failed.end_reason or "")
+            return failed
         self._ack(a)  # the session has started: the assignment is no longer at risk
         log.info("worker %s: streaming session %s (flags v%d %s)", self.worker_id, a.session_id, version,
                  flags.model_dump())
@@ -327,7 +335,13 @@ class WorkerService:
                          a.session_id, version, changed.version, new_flags.model_dump(), len(compute_ms))
                 self.runner.apply_flags(new_flags)
                 version, flags = changed.version, new_flags
-            report = self.runner.step()
+            try:
+                report = self.runner.step()
+            except Exception as exc:  # noqa: BLE001
+                log.exception("worker %s: session %s failed in chunk %d", self.worker_id, a.session_id,
+                              len(compute_ms))
+                phase, reason = "Failed", f"worker error: {exc!r}"
+                break
             self.chunk_log.append(ChunkRecord(a.session_id, report.index, version, flags))
             compute_ms.append(report.compute_ms)
             frames += report.frames
@@ -346,8 +360,11 @@ class WorkerService:
                 stats = self._stats(a, "Streaming", t0, frames, stalls, compute_ms, version, flags, fault, None)
                 self._in_loop(lambda st=stats: self.registry.report_session(a.session_id, st), None)
                 last_report = now
-        self.runner.end(reason)
-        final = self._stats(a, "Ended", t0, frames, stalls, compute_ms, version, flags, fault, reason)
+        try:
+            self.runner.end(reason)
+        except Exception:  # noqa: BLE001
+            log.exception("worker %s: runner.end failed for session %s", self.worker_id, a.session_id)
+        final = self._stats(a, phase, t0, frames, stalls, compute_ms, version, flags, fault, reason)
         self._finish(a, final, reason)
         self.sessions_done.append(final)
         log.info("worker %s: session %s ended (%s): %d chunks, %.1f fps", self.worker_id, a.session_id, reason,

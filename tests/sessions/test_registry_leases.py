@@ -228,3 +228,10 @@ def test_claim_cycles_helper_runs_in_process(registry: Registry):
     registry.register(warm("w0"))
     intervals, errors = claim_cycles(registry, POOL, "inproc", 5)
     assert len(intervals) == 5 and errors == [], errors
+
+
+def test_reregistering_with_a_session_never_overwrites_another_lease(registry: Registry):
+    registry.register(warm("w0"))
+    assert registry.claim_idle_worker(POOL, "s2") == "w0"
+    assert registry.register(warm("w0"), session_id="s1") is False
+    assert registry.session_of(POOL, "w0") == "s2", "re-registration replaced the worker's current lease"

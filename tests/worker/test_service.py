@@ -275,3 +275,111 @@ def test_real_tiny_generator_streams_a_few_chunks(make):
     final = wait_for("Ended", lambda: (s := h.registry.session_stats("ns/s1")) and s.phase == "Ended" and s)
     assert final.chunks >= 3 and not final.numerical_fault and final.chunk_p99_ms > 0, final
     assert runner.generator.chunk == final.chunks, "generator chunk counter disagrees with the stats"
+
+
+class FailingRunner(RecordingRunner):
+    """Raises in chunk `fail_at` of the first session; later sessions run normally."""
+
+    def __init__(self, fail_at: int, in_begin: bool = False) -> None:
+        super().__init__()
+        self.fail_at, self.in_begin, self.failed = fail_at, in_begin, False
+
+    def begin(self, assignment: Assignment, flags: FlagValues) -> None:
+        super().begin(assignment, flags)
+        if self.in_begin and not self.failed:
+            self.failed = True
+            raise RuntimeError("cannot open the sink")
+
+    def step(self) -> ChunkReport:
+        if not self.failed and self._n == self.fail_at:
+            self.failed = True
+            raise RuntimeError("CUDA error: an illegal memory access")
+        return super().step()
+
+
+class FaultyRunner(RecordingRunner):
+    """Chunk 2 comes out with NaNs."""
+
+    def step(self) -> ChunkReport:
+        r = super().step()
+        return ChunkReport(r.index, r.compute_ms, r.frames, numerical_fault=r.index == 2)
+
+
+class TestFailures:
+    @pytest.mark.parametrize("in_begin", [False, True], ids=["in-chunk", "at-start"])
+    def test_runner_error_fails_the_session_not_the_worker(self, make, in_begin: bool):
+        h = make(FailingRunner(fail_at=3, in_begin=in_begin)).start()
+        h.assign(assignment("ns/s1"))
+        final = wait_for("Failed", lambda: (s := h.registry.session_stats("ns/s1")) and s.phase == "Failed" and s)
+        expected = "cannot open the sink" if in_begin else "illegal memory access"
+        assert expected in (final.end_reason or ""), final
+        assert final.chunks == (0 if in_begin else 3), final
+        wait_for("idle after failure", lambda: h.registry.idle_workers(POOL) == [WID])
+        h.assign(assignment("ns/s2"))  # the worker still serves
+        wait_for("next session streams", lambda: (s := h.registry.session_stats("ns/s2")) and s.chunks >= 2)
+
+    def test_numerical_fault_is_reported_while_streaming(self, make):
+        h = make(FaultyRunner()).start()
+        h.assign(assignment())
+        stats = wait_for("fault reported", lambda: (s := h.registry.session_stats("ns/s1")) and s.numerical_fault and s)
+        assert stats.phase == "Streaming", stats
+
+
+class PacedRunner(RecordingRunner):
+    """A 4-frame chunk lasts 50 ms of video (80 fps nominal) so pacing shows quickly."""
+
+    chunk_seconds = 0.05
+
+
+class TestPacing:
+    def test_realtime_mode_does_not_run_ahead_of_the_video_clock(self, make):
+        h = make(PacedRunner(step_s=0.002), realtime=True).start()
+        h.assign(assignment(max_duration_s=0.6))
+        final = wait_for("Ended", lambda: (s := h.registry.session_stats("ns/s1")) and s.phase == "Ended" and s)
+        assert final.fps <= 80 * 1.1, f"paced session ran at {final.fps:.1f} fps, faster than 80 fps of video"
+        assert final.stalls == 0, final
+
+    def test_chunks_slower_than_the_video_count_as_stalls(self, make):
+        h = make(PacedRunner(step_s=0.1), realtime=True, buffer_chunks=2).start()
+        h.assign(assignment(max_duration_s=0.8))
+        final = wait_for("Ended", lambda: (s := h.registry.session_stats("ns/s1")) and s.phase == "Ended" and s)
+        assert final.chunks >= 4 and final.stalls >= final.chunks - 2, final
+
+
+def test_vivant_worker_command_end_to_end(redis_url: str, tmp_path):
+    """The real `vivant worker` process (tiny model, file sink): registers, streams, stops on SIGTERM."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    env = {**os.environ, "POD_NAME": "worker-cli-0", "NODE_NAME": "node-a"}
+    proc = subprocess.Popen([sys.executable, "-m", "vivant", "worker", "--pool", POOL, "--redis", redis_url,
+                             "--preset", "tiny", "--out", str(tmp_path), "--heartbeat-ttl", "3"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    reg = Registry(redis_url, heartbeat_ttl_s=3)
+    try:
+        wait_for("worker warm and idle", lambda: reg.idle_workers(POOL) == ["worker-cli-0"], timeout=90)
+        info = reg.workers(POOL)["worker-cli-0"]
+        assert (info.node, info.model_preset, info.warm) == ("node-a", "tiny", True), info
+        assert reg.claim_idle_worker(POOL, "ns/cli") == "worker-cli-0"
+        reg.send_assignment("worker-cli-0", assignment("ns/cli", token="LK-SECRET-TOKEN-7f3a"))
+        wait_for("3 chunks", lambda: (s := reg.session_stats("ns/cli")) and s.chunks >= 3, timeout=60)
+        reg.send_end("worker-cli-0", "ns/cli", "done")
+        wait_for("released", lambda: reg.idle_workers(POOL) == ["worker-cli-0"])
+        written = sorted(p.name for p in (tmp_path / "ns_cli").iterdir())
+        assert len(written) >= 3 and written[0] == "chunk_00000.npy", written
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert "streaming session ns/cli" in out, out  # the log is there ...
+    assert "LK-SECRET-TOKEN-7f3a" not in out, "the LiveKit token appeared in the worker's log"  # ... the token not
+    assert reg.workers(POOL) == {}, "worker did not deregister on SIGTERM"
+
+
+def test_vivant_worker_requires_a_pool(capsys):
+    from vivant.cli import main
+
+    assert main(["worker", "--redis", "redis://127.0.0.1:1/0"]) == 2
+    assert "--pool is required" in capsys.readouterr().out
