@@ -71,6 +71,8 @@ class ApiMetrics:
             finally:
                 self.observe_request(request.method, route_template(request), code, time.perf_counter() - start)
 
+        # What aiohttp's `@web.middleware` sets: marks a (request, handler) middleware, not an old-style factory.
+        record_request.__middleware_version__ = 1  # type: ignore[attr-defined]
         return record_request
 
 
