@@ -33,6 +33,7 @@ import threading
 from dataclasses import dataclass, field
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+from vivant.sessions.resources import SLO_MIN_FPS, SLO_MIN_STREAMED_SECONDS
 
 # A chunk is 4 frames at 24 fps: 4 / 24 s = 166.7 ms. Buckets are dense around that budget so the
 # p99-over-budget alert interpolates inside a narrow bucket.
@@ -52,11 +53,12 @@ RESULTS = ("met", "missed", "short")
 class SessionFpsObjective:
     """The fleet SLO on a single session: average fps ≥ `min_fps` over a stream of ≥ `min_streamed_seconds`.
 
-    The same numbers appear in the rules file; `tests/alerts` checks the two agree.
+    The defaults are the typed source's (`vivant.sessions.resources`, also used by the operator's
+    auto-rollback); the rules file repeats them in PromQL and `tests/alerts` checks the two agree.
     """
 
-    min_fps: float = 23.5
-    min_streamed_seconds: float = 1.0
+    min_fps: float = SLO_MIN_FPS
+    min_streamed_seconds: float = SLO_MIN_STREAMED_SECONDS
     objective: float = 0.995  # fraction of qualifying sessions that must meet `min_fps`
 
     def result(self, frames: float, streamed_seconds: float) -> str:

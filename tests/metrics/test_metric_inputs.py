@@ -47,14 +47,10 @@ def test_finished_session_is_classified_at_the_slo_boundary(registry, frames, se
         assert got == (1.0 if r == result else 0.0), f"result {r}: {got}"
 
 
-def test_objective_matches_the_reference_numbers():
+def test_objective_is_the_design_slo():
+    """DESIGN.md section 1: >= 23.5 fps in 99.5% of the sessions that streamed >= 1 s."""
     assert (REFERENCE_OBJECTIVE.min_fps, REFERENCE_OBJECTIVE.min_streamed_seconds, REFERENCE_OBJECTIVE.objective) == (
         23.5, 1.0, 0.995)
-    try:
-        from vivant.sessions.resources import SLO_MIN_FPS, SLO_MIN_STREAMED_SECONDS
-    except ImportError:  # pragma: no cover - the typed source names them; keep this test meaningful without it
-        pytest.skip("vivant.sessions.resources has no SLO constants")
-    assert (SLO_MIN_FPS, SLO_MIN_STREAMED_SECONDS) == (REFERENCE_OBJECTIVE.min_fps, REFERENCE_OBJECTIVE.min_streamed_seconds)
 
 
 def test_ending_a_session_removes_its_series_and_keeps_others(registry):
