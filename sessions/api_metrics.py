@@ -4,7 +4,8 @@ Why `route` and not the path: the route template (`/v1/realtime_sessions/{name}`
 bounded; a raw path would mint a series per session name. `middleware()` gives an aiohttp middleware
 that records both series for every request, including ones answered by an exception (`HTTPNotFound`
 and friends carry `.status`; anything else counts as 500). This module imports no web framework, so
-`vivant.sessions` stays importable without aiohttp.
+`vivant.sessions` stays importable without aiohttp. `handler` serves the registry at `/metrics` on the
+API's own port (the chart's monitors scrape it there): `app.router.add_get("/metrics", metrics.handler)`.
 
 Series:
 
@@ -21,7 +22,14 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
 
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 UNMATCHED_ROUTE = "unmatched"
@@ -74,6 +82,15 @@ class ApiMetrics:
         # What aiohttp's `@web.middleware` sets: marks a (request, handler) middleware, not an old-style factory.
         record_request.__middleware_version__ = 1  # type: ignore[attr-defined]
         return record_request
+
+
+    async def handler(self, request: Any) -> Any:
+        """aiohttp handler of GET /metrics: the registry in the Prometheus text format."""
+        from aiohttp import web
+
+        response = web.Response(body=generate_latest(self.registry))
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
 
 
 def route_template(request: Any) -> str:

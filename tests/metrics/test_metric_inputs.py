@@ -195,17 +195,22 @@ async def test_api_middleware_counts_requests_by_route_template_and_code(registr
 
     app = web.Application(middlewares=[metrics.middleware()])
     app.router.add_get("/v1/realtime_sessions/{name}", get_session)
+    app.router.add_get("/metrics", metrics.handler)
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
         for name, code in (("a", 200), ("b", 200), ("missing", 404), ("boom", 500)):
             resp = await client.get(f"/v1/realtime_sessions/{name}")
             assert resp.status == code
         assert (await client.get("/nowhere")).status == 404
+        scraped = await client.get("/metrics")
+        assert scraped.status == 200 and scraped.headers["Content-Type"].startswith("text/plain")
+        text = await scraped.text()
     route = "/v1/realtime_sessions/{name}"
     assert value(registry, "vivant_api_requests_total", method="GET", route=route, code="200") == 2.0
     assert value(registry, "vivant_api_requests_total", method="GET", route=route, code="404") == 1.0
     assert value(registry, "vivant_api_requests_total", method="GET", route=route, code="500") == 1.0
     assert value(registry, "vivant_api_requests_total", method="GET", route="unmatched", code="404") == 1.0
     assert value(registry, "vivant_api_request_duration_seconds_count", method="GET", route=route) == 4.0
+    assert 'vivant_api_requests_total{code="200",method="GET",route="/v1/realtime_sessions/{name}"} 2.0' in text
     assert aiohttp.__version__
 
 
