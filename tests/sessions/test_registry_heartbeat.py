@@ -9,7 +9,7 @@ from vivant.sessions.models import WorkerInfo
 from vivant.sessions.registry import Registry
 
 POOL = "gpu-b"
-TTL = 0.5
+TTL = 1.0  # short, yet robust to a loaded 2-core machine pausing this process ~0.9 s
 
 
 def warm(worker_id: str) -> WorkerInfo:
