@@ -53,20 +53,20 @@ def make_inputs(c: Case, seed: int = 0, device="cpu"):
     """K/V as the model produces them (views of a fused QKV output, or head-major), ring slots, positions."""
     g = torch.Generator().manual_seed(seed)
     if c.layout == "fused_qkv":
-        qkv = torch.randn(c.n, 3, c.h, c.d, generator=g).to(c.token_dtype)
+        qkv = torch.randn(c.n, 3, c.h, c.d, generator=g).to(device=device, dtype=c.token_dtype)
         k, v = qkv[:, 1], qkv[:, 2]
         assert not k.is_contiguous()
     elif c.layout == "heads_major":
-        k = torch.randn(c.h, c.n, c.d, generator=g).to(c.token_dtype).transpose(0, 1)
-        v = (3.0 * torch.randn(c.h, c.n, c.d, generator=g)).to(c.token_dtype).transpose(0, 1)
+        k = torch.randn(c.h, c.n, c.d, generator=g).to(device=device, dtype=c.token_dtype).transpose(0, 1)
+        v = (3.0 * torch.randn(c.h, c.n, c.d, generator=g)).to(device=device, dtype=c.token_dtype).transpose(0, 1)
     else:
-        k = torch.randn(c.n, c.h, c.d, generator=g).to(c.token_dtype)
-        v = torch.randn(c.n, c.h, c.d, generator=g).to(c.token_dtype)
+        k = torch.randn(c.n, c.h, c.d, generator=g).to(device=device, dtype=c.token_dtype)
+        v = torch.randn(c.n, c.h, c.d, generator=g).to(device=device, dtype=c.token_dtype)
     t = torch.randint(0, 500, (c.n, 1), generator=g)
     hw = torch.stack([torch.randint(0, 22, (c.n,), generator=g), torch.randint(0, 34, (c.n,), generator=g)], 1)
     pos = torch.cat([t, hw], 1).to(c.pos_dtype)
     slots = torch.randperm(c.s, generator=g)[: c.n]
-    return tuple(x.to(device) for x in (k, v, pos, slots))
+    return k, v, pos.to(device), slots.to(device)
 
 
 def empty_cache(c: Case, dtype: torch.dtype, device="cpu"):
@@ -89,8 +89,9 @@ def run_write(c: Case, cache_dtype, backend: str, seed=0, device="cpu"):
 
 def compare_caches(got, want, slots, cache_dtype, *, k_ulp_fraction: float, what: str) -> None:
     """Compare the target slots of two written caches (K may differ in trig's last bit, V must not)."""
-    kc, vc, ks, vs = (t[slots.to(t.device)].cpu() for t in got)
-    kc_r, vc_r, ks_r, vs_r = (t[slots.to(t.device)].cpu() for t in want)
+    # Rows are gathered on the CPU (advanced indexing of float8 tensors is not on every device).
+    kc, vc, ks, vs = (t.cpu()[slots.cpu()] for t in got)
+    kc_r, vc_r, ks_r, vs_r = (t.cpu()[slots.cpu()] for t in want)
     if cache_dtype == FP8:
         assert_fp8_rows_match(kc, ks, kc_r, ks_r, max_ulp_fraction=k_ulp_fraction, what=f"{what} K")
         assert_fp8_rows_match(vc, vs, vc_r, vs_r, max_ulp_fraction=0.0, what=f"{what} V")

@@ -74,8 +74,9 @@ def run_rotate(c: Case, dtype, backend: str, device="cpu"):
     delta_rotate(kc, ks, slots, DELTA, rope_dims=c.rope_dims, backend=backend)
     assert_only_rows_changed(before_c, kc, slots, what=f"{backend} k_cache")
     assert_only_rows_changed(before_s, ks, slots, what=f"{backend} k_scale")
-    old = dequantize_rows(before_c[slots].cpu(), before_s[slots].cpu())[..., : c.rope_dims[0]]
-    new = dequantize_rows(kc[slots].cpu(), ks[slots].cpu())[..., : c.rope_dims[0]]
+    cpu_slots = slots.cpu()  # gather on the CPU: float8 advanced indexing is not on every device
+    old = dequantize_rows(before_c.cpu()[cpu_slots], before_s.cpu()[cpu_slots])[..., : c.rope_dims[0]]
+    new = dequantize_rows(kc.cpu()[cpu_slots], ks.cpu()[cpu_slots])[..., : c.rope_dims[0]]
     unchanged = (old == new).reshape(c.m, -1).all(dim=1)
     assert not unchanged.any(), f"{backend}: {int(unchanged.sum())} target slots were not rotated"
     return kc, ks, slots
@@ -193,11 +194,11 @@ GPU_CASE = Case(m=5788 - 757, h=16, d=128, s=5788, rope_dims=(44, 42, 42))
 @needs_cuda
 @pytest.mark.parametrize("cache_dtype", [FP8, torch.float32], ids=["fp8", "f32"])
 def test_gpu_57b_cache_matches_reference(cache_dtype):
-    kc, ks, slots = run_rotate(GPU_CASE, cache_dtype, "triton", device="cuda")
-    kc_r, ks_r, _ = run_rotate(GPU_CASE, cache_dtype, "torch", device="cuda")
+    kc, ks, slots = (t.cpu() for t in run_rotate(GPU_CASE, cache_dtype, "triton", device="cuda"))
+    kc_r, ks_r, _ = (t.cpu() for t in run_rotate(GPU_CASE, cache_dtype, "torch", device="cuda"))
     if cache_dtype == FP8:
         # Codes may differ by one e4m3 ulp where the GPU's cos/sin or a fused multiply-add moves a
         # value across a rounding midpoint; scales come from the same amax and match to 1e-6.
-        assert_fp8_rows_match(kc[slots].cpu(), ks[slots].cpu(), kc_r[slots].cpu(), ks_r[slots].cpu(), max_ulp_fraction=1e-3, what="57b")
+        assert_fp8_rows_match(kc[slots], ks[slots], kc_r[slots], ks_r[slots], max_ulp_fraction=1e-3, what="57b")
     else:
-        assert_close(kc[slots].cpu(), kc_r[slots].cpu(), rel_rms=1e-6, max_abs=1e-5, what="57b float delta_rotate")
+        assert_close(kc[slots], kc_r[slots], rel_rms=1e-6, max_abs=1e-5, what="57b float delta_rotate")
