@@ -227,9 +227,8 @@ class WorkerService:
             try:
                 with self._lease_lock:
                     stats = {"session": self._current, "chunks": self._chunks_in_session}
-                    if self.registry.heartbeat(self.worker_id, self.pool, stats):
-                        pass
-                    else:  # registry forgot us: Redis restarted empty, or we were reaped
+                    if not self.registry.heartbeat(self.worker_id, self.pool, stats):
+                        # the registry forgot us: Redis restarted empty, or we were reaped
                         kept = self.registry.register(self.info, session_id=self._current)
                         self.reregistrations += 1
                         log.warning("worker %s: re-registered (session %s %s)", self.worker_id, self._current,
@@ -327,6 +326,8 @@ class WorkerService:
             elapsed = time.monotonic() - t0
             reason = self._stop_reason(a, elapsed)
             if reason:
+                if self._lease_lost:
+                    phase = "Failed"  # the operator has already marked it Failed and reclaimed the slot
                 break
             changed = self._in_loop(lambda v=version: self.watcher.changed_since(v), None)  # down: keep flags
             if changed is not None:

@@ -162,6 +162,18 @@ class TestLifecycle:
         assert h.registry.idle_workers(POOL) == [WID]
 
 
+class TestLeaseLoss:
+    def test_worker_stops_a_session_that_was_reaped_and_becomes_idle(self, make):
+        h = make(ttl=0.6).start()
+        h.assign(assignment())
+        wait_for("Streaming", lambda: (s := h.registry.session_stats("ns/s1")) and s.phase == "Streaming")
+        assert h.registry.deregister(WID, POOL, reason="heartbeat of worker worker-0 expired") == "ns/s1"
+        final = wait_for("Failed", lambda: (s := h.registry.session_stats("ns/s1")) and s.phase == "Failed" and s)
+        assert "lease lost: heartbeat of worker worker-0 expired" == final.end_reason, final
+        wait_for("idle again", lambda: h.registry.idle_workers(POOL) == [WID])
+        assert h.registry.worker_of("ns/s1") is None, "the reaped session was resurrected"
+
+
 class TestFlagsAtChunkBoundary:
     def test_change_made_mid_chunk_applies_from_the_next_chunk(self, make):
         runner = RecordingRunner()
