@@ -191,6 +191,23 @@ def test_chart_carries_the_repository_crds_unforked():
         assert by_name[crd["metadata"]["name"]] == crd, f"{crd['metadata']['name']}: rendered CRD differs from crds/"
 
 
+def test_packaged_chart_carries_the_crds_and_rules_files(tmp_path: Path):
+    """`helm package` resolves the crds/ symlink: the archive holds the same CRDs and rules file."""
+    import tarfile
+
+    out = helm("package", str(CHART), "-d", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    (archive,) = tmp_path.glob("vivant-*.tgz")
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+        for crd in sorted((ROOT / "crds").glob("*.yaml")):
+            member = f"vivant/crds/{crd.name}"
+            assert member in names, f"{member} missing from the packaged chart"
+            assert tar.extractfile(member).read() == crd.read_bytes(), f"{member} differs from crds/{crd.name}"
+        assert tar.extractfile("vivant/files/rules.yaml").read() == (CHART / "files" / "rules.yaml").read_bytes()
+        assert not any(n.startswith("vivant/ci/") for n in names), "ci/ values files should not ship"
+
+
 def test_prometheus_rule_is_the_rules_file_verbatim():
     rule = one(objects("trial-values"), "PrometheusRule")
     assert rule["spec"] == yaml.safe_load((CHART / "files" / "rules.yaml").read_text())
