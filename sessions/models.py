@@ -43,9 +43,18 @@ SessionPhase = Literal["Pending", "Assigned", "Connecting", "Streaming", "Ended"
 
 
 class _Strict(BaseModel):
-    """Base: unknown fields are errors (a typo in a message must not be silently dropped)."""
+    """Base of operator -> worker messages: unknown fields are errors (a typo must not be silently
+    dropped). Rolling upgrades therefore update workers before the operator."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Tolerant(BaseModel):
+    """Base of what workers report and what is read back from Redis: fields unknown to this version
+    are ignored, so an operator one version behind its workers still reads their reports. User input
+    (flag names from the CLI or a spec) is checked separately by `validate_flag_updates`."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -53,7 +62,7 @@ class _Strict(BaseModel):
 # ---------------------------------------------------------------------------------------------
 
 
-class FlagValues(_Strict):
+class FlagValues(_Tolerant):
     """Live feature flags of a worker pool. Defaults are the conservative path."""
 
     fusedGemmAllReduce: bool = Field(  # noqa: N815 (the name users type on the CLI and in the CRD)
@@ -89,7 +98,7 @@ def validate_flag_updates(updates: dict[str, Any]) -> dict[str, FlagValue]:
     return out
 
 
-class FlagSet(_Strict):
+class FlagSet(_Tolerant):
     """A pool's flags as stored in Redis. version 0 = never set (all defaults)."""
 
     pool: Ident
@@ -103,7 +112,7 @@ class FlagSet(_Strict):
         return self.values.model_copy(update=validate_flag_updates(overrides))
 
 
-class FlagChange(_Strict):
+class FlagChange(_Tolerant):
     """One flag history entry: `changes` maps flag name -> [old, new]."""
 
     pool: Ident
@@ -119,7 +128,7 @@ class FlagChange(_Strict):
 # ---------------------------------------------------------------------------------------------
 
 
-class WorkerInfo(_Strict):
+class WorkerInfo(_Tolerant):
     """What a worker says about itself when it registers (the pod name is the worker id)."""
 
     worker_id: Ident
@@ -180,7 +189,7 @@ InboxMessage = Annotated[Assignment | EndRequest, Field(discriminator="kind")]
 INBOX_MESSAGE: TypeAdapter[Assignment | EndRequest] = TypeAdapter(InboxMessage)
 
 
-class SessionStats(_Strict):
+class SessionStats(_Tolerant):
     """Worker -> operator: progress of one session (mirrored into CharacterSession .status)."""
 
     session_id: Ident
@@ -198,7 +207,7 @@ class SessionStats(_Strict):
     updated_at: float = Field(default_factory=time.time)
 
 
-class PoolCounts(_Strict):
+class PoolCounts(_Tolerant):
     """A pool's workers as the registry sees them (only workers with a live heartbeat count)."""
 
     pool: Ident

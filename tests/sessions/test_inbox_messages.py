@@ -127,6 +127,12 @@ class TestModels:
             SessionStats(session_id="s", phase="Streaming", fps=-1)
         assert EndRequest(session_id="s").reason == "ended"
 
+    def test_reports_from_a_newer_worker_are_still_read(self):
+        newer = {"session_id": "s", "phase": "Streaming", "fps": 24.0, "gpu_temp_c": 61,
+                 "flags": {"fusedGemmAllReduce": True, "someFutureFlag": 3}}
+        stats = SessionStats.model_validate(newer)
+        assert (stats.fps, stats.flags.fusedGemmAllReduce) == (24.0, True)
+
     def test_flag_overrides_are_coerced(self):
         assert assignment(flag_overrides={"fusedGemmAllReduce": "true"}).flag_overrides == {"fusedGemmAllReduce": True}
 
