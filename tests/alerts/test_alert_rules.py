@@ -112,10 +112,13 @@ MUTATIONS = [
     ("p50_rate15m > 0.49", "p50_rate15m >= 0.49"),
     ('{state="idle"}) == 0', '{state="idle"}) <= 1'),
     ("absent(vivant_operator_build_info)", "absent(vivant_operator_build_info{version=\"x\"})"),
+    ("count by (pool) (vivant_worker_build_info)", "count by (pool) (vivant_worker_build_info{pod=\"x\"})"),
+    ("\n          and vivant:sessions_fps_missed:ratio_rate5m", "\n          or vivant:sessions_fps_missed:ratio_rate5m"),
+    ("\n          and vivant:sessions_fps_missed:ratio_rate30m", "\n          or vivant:sessions_fps_missed:ratio_rate30m"),
 ]
 
 
-@pytest.mark.parametrize(("old", "new"), MUTATIONS, ids=[m[1] for m in MUTATIONS])
+@pytest.mark.parametrize(("old", "new"), MUTATIONS, ids=[m[1].strip() for m in MUTATIONS])
 def test_promtool_tests_catch_a_nudged_threshold(tmp_path: Path, old: str, new: str):
     text = RULES.read_text()
     assert text.count(old) >= 1, f"mutation anchor {old!r} not found in {RULES.name}: update MUTATIONS"
