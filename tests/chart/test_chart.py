@@ -237,6 +237,20 @@ def test_dashboard_configmap_is_the_dashboard_file():
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
 
 
+def test_dashboard_shows_fps_latency_stalls_turns_capacity_and_flags():
+    dash = json.loads((CHART / "files" / "dashboard.json").read_text())
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+    for series in ("vivant:sessions_meeting_fps:ratio", "vivant:session_fps:average", "vivant:chunk_step_seconds:p99_rate5m",
+                   "vivant_worker_session_stalls_total", "vivant:turn_latency_seconds:p50_rate15m",
+                   "vivant_operator_pool_workers", "vivant_worker_kernel_path_info", "vivant_operator_flag_rollbacks_total"):
+        assert series in exprs, f"the dashboard has no panel reading {series}"
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids repeat"
+    for p in dash["panels"]:
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, f"panel {p['title']!r} leaves the 24-column grid"
+
+
 # ------------------------------------------------------------------------------ flags -> objects
 
 
