@@ -27,7 +27,7 @@ from vivant.kernels.rope import DEFAULT_THETA, apply_rope_ref, check_rope_dims, 
 try:
     import triton
     import triton.language as tl
-    from vivant.kernels.fp8 import e4m3_grid_tl
+    from vivant.kernels.fp8 import to_e4m3_tl
 except ImportError:  # pragma: no cover - installs without the kernels extra
     triton = None
     tl = None
@@ -167,7 +167,7 @@ if triton is not None:
         """Store a block of rows given as even (``ra``) / odd (``rb``) halves ``[BLOCK_N, BLOCK_P]`` float32.
 
         FP8: per-row scale = max(amax, 1e-8) / 448 (NaN in a row makes the scale NaN, like torch),
-        values divided by the scale (IEEE division), rounded to the e4m3 grid, cast, stored.
+        values divided by the scale (IEEE division), rounded to the e4m3 grid, cast (NaN -> NaN code), stored.
         Otherwise: cast to the cache dtype, scale 1.0.
         """
         even = c_ptr + slot[:, None] * s_cs + h * s_ch + (2 * pairs[None, :]) * s_cd
@@ -177,8 +177,8 @@ if triton is not None:
             nan_count = tl.sum(((ra != ra) | (rb != rb)).to(tl.int32), axis=1)
             amax = tl.where(nan_count > 0, float("nan"), amax)
             scale = tl.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
-            qa = e4m3_grid_tl(tl.div_rn(ra, scale[:, None])).to(tl.float8e4nv)
-            qb = e4m3_grid_tl(tl.div_rn(rb, scale[:, None])).to(tl.float8e4nv)
+            qa = to_e4m3_tl(tl.div_rn(ra, scale[:, None]))
+            qb = to_e4m3_tl(tl.div_rn(rb, scale[:, None]))
             tl.store(even, qa, mask=mask2)
             tl.store(even + s_cd, qb, mask=mask2)
             tl.store(s_ptr + slot * s_ss + h * s_sh, scale, mask=rmask)

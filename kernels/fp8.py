@@ -120,3 +120,14 @@ if triton is not None:
         r = (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
         r = tl.where(x != x, x, r)
         return r
+
+    @triton.jit
+    def to_e4m3_tl(x):
+        """float32 block -> float8e4nv codes: RNE, saturating at +-448, NaN -> the e4m3fn NaN code 0x7F.
+
+        Grid rounding first (see ``e4m3_grid_tl``); NaN is encoded by bits because Triton's
+        interpreter casts NaN to a finite code (0x7C = 384).
+        """
+        q = e4m3_grid_tl(x).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        q = tl.where(x != x, 0x7F, q).to(tl.uint8)
+        return q.to(tl.float8e4nv, bitcast=True)

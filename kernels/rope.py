@@ -19,6 +19,8 @@ the same float32 constants; angles are float32 products ``float32(pos) * inv_fre
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 DEFAULT_THETA = 10000.0
@@ -39,25 +41,45 @@ def check_rope_dims(rope_dims: tuple[int, int, int], head_dim: int | None = None
     return dims  # type: ignore[return-value]
 
 
-def band_inv_freq(d_band: int, theta: float = DEFAULT_THETA, device: torch.device | str | None = None) -> torch.Tensor:
-    """``theta ** (-(2 j) / d_band)`` for j in ``[0, d_band/2)``, float32 (computed in float64)."""
+def _device(device: torch.device | str | None) -> torch.device:
+    return torch.device("cpu") if device is None else torch.device(device)
+
+
+# The tables below are constants, built once per (shape, theta, device) and then reused: a kernel
+# launch must not build them (a host-to-device copy per call costs time and breaks CUDA-graph
+# capture). Callers must treat the returned tensors as read-only.
+@functools.lru_cache(maxsize=256)
+def _band_inv_freq(d_band: int, theta: float, device: torch.device) -> torch.Tensor:
     j = torch.arange(d_band // 2, dtype=torch.float64)
-    inv = float(theta) ** (-(2.0 * j) / d_band) if d_band else j
-    return inv.to(torch.float32).to(device) if device is not None else inv.to(torch.float32)
+    inv = theta ** (-(2.0 * j) / d_band) if d_band else j
+    return inv.to(torch.float32).to(device)
+
+
+@functools.lru_cache(maxsize=256)
+def _rope_inv_freq(dims: tuple[int, int, int], theta: float, device: torch.device) -> torch.Tensor:
+    return torch.cat([_band_inv_freq(d, theta, device) for d in dims])
+
+
+@functools.lru_cache(maxsize=256)
+def _pair_band_index(dims: tuple[int, int, int], device: torch.device) -> torch.Tensor:
+    return torch.cat([torch.full((d // 2,), b, dtype=torch.int64) for b, d in enumerate(dims)]).to(device)
+
+
+def band_inv_freq(d_band: int, theta: float = DEFAULT_THETA, device: torch.device | str | None = None) -> torch.Tensor:
+    """``theta ** (-(2 j) / d_band)`` for j in ``[0, d_band/2)``, float32 (computed in float64); cached, read-only."""
+    return _band_inv_freq(int(d_band), float(theta), _device(device))
 
 
 def rope_inv_freq(
     rope_dims: tuple[int, int, int], theta: float = DEFAULT_THETA, device: torch.device | str | None = None
 ) -> torch.Tensor:
-    """Per-pair inverse frequencies ``[D // 2]`` float32, t band's pairs first, then h's, then w's."""
-    dims = check_rope_dims(rope_dims)
-    return torch.cat([band_inv_freq(d, theta, device) for d in dims])
+    """Per-pair inverse frequencies ``[D // 2]`` float32, t band's pairs first, then h's, then w's; cached, read-only."""
+    return _rope_inv_freq(check_rope_dims(rope_dims), float(theta), _device(device))
 
 
 def pair_band_index(rope_dims: tuple[int, int, int], device: torch.device | str | None = None) -> torch.Tensor:
-    """Which position column (0 = t, 1 = h, 2 = w) drives each pair: ``[D // 2]`` int64."""
-    dims = check_rope_dims(rope_dims)
-    return torch.cat([torch.full((d // 2,), b, dtype=torch.int64) for b, d in enumerate(dims)]).to(device)
+    """Which position column (0 = t, 1 = h, 2 = w) drives each pair: ``[D // 2]`` int64; cached, read-only."""
+    return _pair_band_index(check_rope_dims(rope_dims), _device(device))
 
 
 def _check_pos(pos: torch.Tensor, n: int | None = None) -> None:

@@ -134,6 +134,28 @@ def test_ring_overwrite_touches_only_the_new_chunks_slots(cache_dtype):
     compare_caches(results[0], results[1], written, cache_dtype, k_ulp_fraction=2e-3, what="ring overwrite")
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy inf/inf
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton_cpu)])
+def test_non_finite_input_rows_stay_non_finite_and_contained(backend):
+    """A NaN in a K row or an inf in a V row poisons that row (scale and values), never a neighbour."""
+    c = CASES["odd"]
+    k, v, pos, slots = make_inputs(c)
+    k, v = k.clone(), v.clone()
+    k[2, 1, 5] = float("nan")
+    v[4, 0, 0] = float("inf")
+    cache = empty_cache(c, FP8)
+    write_kv(k, v, pos, slots, *cache, rope_dims=c.rope_dims, backend=backend)
+    kc, vc, ks, vs = (t[slots] for t in cache)
+    deq_k, deq_v = dequantize_rows(kc, ks), dequantize_rows(vc, vs)
+    assert ks[2, 1].isnan() and deq_k[2, 1].isnan().all(), f"{backend}: NaN K row came out {deq_k[2, 1].tolist()}"
+    assert not deq_v[4, 0].isfinite().any(), f"{backend}: inf V row came out {deq_v[4, 0].tolist()}"
+    finite_k = torch.ones(c.n, c.h, dtype=torch.bool)
+    finite_k[2, 1] = False
+    finite_v = torch.ones(c.n, c.h, dtype=torch.bool)
+    finite_v[4, 0] = False
+    assert deq_k[finite_k].isfinite().all() and deq_v[finite_v].isfinite().all(), f"{backend}: a non-finite value leaked"
+
+
 class TestReferenceMath:
     """The torch twin against the math it stands for (so the kernels are compared with something right)."""
 

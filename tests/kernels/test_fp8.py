@@ -68,7 +68,7 @@ class TestGridRounding:
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
-from vivant.kernels.fp8 import e4m3_grid_tl  # noqa: E402
+from vivant.kernels.fp8 import to_e4m3_tl  # noqa: E402
 
 
 @triton.jit
@@ -76,7 +76,7 @@ def _grid_cast_kernel(x_ptr, q_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     x = tl.load(x_ptr + offs, mask=m, other=0.0)
-    tl.store(q_ptr + offs, e4m3_grid_tl(x).to(tl.float8e4nv), mask=m)
+    tl.store(q_ptr + offs, to_e4m3_tl(x), mask=m)
 
 
 def _triton_cast(x: torch.Tensor) -> torch.Tensor:
@@ -90,7 +90,14 @@ class TestTritonGridRounding:
     def test_interpreted_kernel_casts_like_torch(self):
         x = torch.cat([random_values(4096, seed=2), torch.tensor(EDGE_VALUES)])
         q = _triton_cast(x)
-        assert_same_bits(q.float(), torch_cast_saturating(x), x, "Triton e4m3_grid_tl + cast (interpreted)")
+        assert_same_bits(q.float(), torch_cast_saturating(x), x, "Triton to_e4m3_tl (interpreted)")
+
+    @needs_triton_cpu
+    def test_interpreted_kernel_keeps_nan(self):
+        # The interpreter's own cast turns NaN into the finite code 0x7C (384); to_e4m3_tl must not.
+        q = _triton_cast(torch.tensor([float("nan"), -float("nan"), 1.0]))
+        codes = q.view(torch.uint8).tolist()
+        assert codes[0] == 0x7F and codes[1] == 0x7F and codes[2] == 0x38, f"codes {[hex(c) for c in codes]}"
 
     @pytest.mark.gpu
     @needs_cuda
