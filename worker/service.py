@@ -37,8 +37,12 @@ import numpy as np
 from vivant.sessions.flags import FlagStore, FlagWatcher
 from vivant.sessions.models import Assignment, EndRequest, FlagSet, FlagValues, SessionStats, WorkerInfo
 from vivant.sessions.registry import Registry, RegistryUnavailable, redis_client
+from vivant.worker.metrics import WorkerMetrics
+from vivant.worker.metrics import serve as serve_metrics
 
 log = logging.getLogger(__name__)
+# `vivant_worker_kernel_path_info{path=...}` values for the tensor-parallel GEMM + all-reduce
+FUSED_PATH, UNFUSED_PATH = "fused_gemm_all_reduce", "gemm_then_all_reduce"
 T = TypeVar("T")
 
 
@@ -77,12 +81,12 @@ class GeneratorRunner:
     with `out_dir`, to `out_dir/<session>/chunk_NNNNN.npy` (float32 [C, latent_h, latent_w])."""
 
     def __init__(self, preset: str = "tiny", *, mode: str = "optimized", device: str = "cpu",
-                 out_dir: str | Path | None = None, seed: int = 0) -> None:
+                 out_dir: str | Path | None = None, seed: int = 0, weights: str | Path | None = None) -> None:
         from vivant.worker.config import ModelConfig
         from vivant.worker.generator import ChunkGenerator
 
         self.cfg = ModelConfig.from_name(preset)
-        self.generator = ChunkGenerator(self.cfg, mode=mode, device=device, seed=seed)
+        self.generator = ChunkGenerator(self.cfg, mode=mode, device=device, seed=seed, weights=weights)
         self.frames_per_chunk = self.cfg.frames_per_chunk
         self.chunk_seconds = self.cfg.chunk_seconds
         self.out_dir = Path(out_dir) if out_dir else None
@@ -139,7 +143,7 @@ class WorkerService:
     def __init__(self, registry: Registry, flags: FlagStore, info: WorkerInfo,
                  runner: SessionRunner | Callable[[], SessionRunner], *,
                  poll_s: float = 1.0, stats_interval_s: float = 1.0, realtime: bool = False,
-                 buffer_chunks: int = 2) -> None:
+                 buffer_chunks: int = 2, metrics: WorkerMetrics | None = None) -> None:
         self.registry = registry
         self.flag_store = flags
         self.watcher = FlagWatcher(flags, info.pool)
@@ -152,6 +156,7 @@ class WorkerService:
         self.stats_interval_s = stats_interval_s
         self.realtime = realtime
         self.buffer_chunks = buffer_chunks
+        self.metrics = metrics
         self.stop = threading.Event()
         self.chunk_log: deque[ChunkRecord] = deque(maxlen=100_000)
         self.sessions_done: list[SessionStats] = []
@@ -211,14 +216,17 @@ class WorkerService:
             log.error("worker %s: gave up session %s held by a previous incarnation", self.worker_id, held)
 
     def _retry(self, what: str, fn, backoff_s: float = 0.2, cap_s: float = 5.0):  # noqa: ANN001
-        while not self.stop.is_set():
+        """Call `fn` until Redis answers; at least once, and no more retries once the worker is stopping."""
+        while True:
             try:
                 return fn()
             except RegistryUnavailable as exc:
+                if self.stop.is_set():
+                    log.warning("worker %s: %s failed (%s) while stopping; giving up", self.worker_id, what, exc)
+                    return None
                 log.warning("worker %s: %s failed (%s); retrying in %.1fs", self.worker_id, what, exc, backoff_s)
                 self.stop.wait(backoff_s)
                 backoff_s = min(cap_s, backoff_s * 2)
-        return None
 
     def _heartbeat_loop(self) -> None:
         interval = self.registry.heartbeat_ttl_s / 3
@@ -312,6 +320,7 @@ class WorkerService:
             self._finish(a, failed, failed.end_reason or "")
             return failed
         self._ack(a)  # the session has started: the assignment is no longer at risk
+        self._kernel_path(flags, version)
         log.info("worker %s: streaming session %s (flags v%d %s)", self.worker_id, a.session_id, version,
                  flags.model_dump())
 
@@ -335,6 +344,7 @@ class WorkerService:
                 log.info("worker %s: session %s flags v%d -> v%d %s at chunk boundary %d", self.worker_id,
                          a.session_id, version, changed.version, new_flags.model_dump(), len(compute_ms))
                 self.runner.apply_flags(new_flags)
+                self._kernel_path(new_flags, changed.version)
                 version, flags = changed.version, new_flags
             try:
                 report = self.runner.step()
@@ -346,10 +356,17 @@ class WorkerService:
             self.chunk_log.append(ChunkRecord(a.session_id, report.index, version, flags))
             compute_ms.append(report.compute_ms)
             frames += report.frames
+            if self.metrics is not None:
+                self.metrics.observe_chunk("diffuse", report.compute_ms / 1e3)
+                self.metrics.observe_chunk("total", report.compute_ms / 1e3)  # no decode/publish stage here yet
+                self.metrics.frames_published(a.session_id, report.frames)
+                self.metrics.streamed_seconds(a.session_id, time.monotonic() - t0)
             self._chunks_in_session = len(compute_ms)
             done_at = time.monotonic() - t0
             if done_at > (len(compute_ms) - 1 + self.buffer_chunks) * chunk_s:
                 stalls += 1  # this chunk missed its playout slot: the viewer's buffer ran dry
+                if self.metrics is not None:
+                    self.metrics.stall(a.session_id)
             if self.realtime:
                 self.stop.wait(max(0.0, len(compute_ms) * chunk_s - done_at))
             if report.numerical_fault and not fault:
@@ -360,6 +377,8 @@ class WorkerService:
             if now - last_report >= self.stats_interval_s or (fault and report.numerical_fault):
                 stats = self._stats(a, "Streaming", t0, frames, stalls, compute_ms, version, flags, fault, None)
                 self._in_loop(lambda st=stats: self.registry.report_session(a.session_id, st), None)
+                if self.metrics is not None:
+                    self.metrics.session_fps(a.session_id, stats.fps)
                 last_report = now
         try:
             self.runner.end(reason)
@@ -368,6 +387,8 @@ class WorkerService:
         final = self._stats(a, phase, t0, frames, stalls, compute_ms, version, flags, fault, reason)
         self._finish(a, final, reason)
         self.sessions_done.append(final)
+        if self.metrics is not None:
+            self.metrics.session_ended(a.session_id)
         log.info("worker %s: session %s ended (%s): %d chunks, %.1f fps", self.worker_id, a.session_id, reason,
                  final.chunks, final.fps)
         return final
@@ -382,6 +403,10 @@ class WorkerService:
         except RegistryUnavailable:
             self._redis_down_until = now + self.redis_retry_s
             return default
+
+    def _kernel_path(self, flags: FlagValues, version: int) -> None:
+        if self.metrics is not None:
+            self.metrics.kernel_info(FUSED_PATH if flags.fusedGemmAllReduce else UNFUSED_PATH, version)
 
     def _stop_reason(self, a: Assignment, elapsed: float) -> str:
         if self.stop.is_set():
@@ -436,12 +461,32 @@ class WorkerService:
 # ------------------------------------------------------------------------------------------------
 
 
+def checkpoint_path(checkpoint: str) -> Path | None:
+    """`--checkpoint` -> a local safetensors path, or None for random weights. Weights are never fetched
+    at run time: a remote URI must be mounted as a volume first."""
+    if not checkpoint or checkpoint == "random://":
+        return None
+    if checkpoint.startswith("/"):
+        return Path(checkpoint)
+    raise ValueError(f"checkpoint: expected an absolute path (a mounted volume) or random://, got {checkpoint!r}; "
+                     "weights are not fetched at run time")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     env = os.environ
     parser.add_argument("--pool", default=env.get("VIVANT_POOL"), help="WorkerPool name (env VIVANT_POOL)")
-    parser.add_argument("--worker-id", default=env.get("POD_NAME") or socket.gethostname(),
-                        help="worker id, the pod name (env POD_NAME; default: hostname)")
-    parser.add_argument("--node", default=env.get("NODE_NAME", ""), help="node name (env NODE_NAME)")
+    parser.add_argument("--worker-id", default=env.get("VIVANT_WORKER_ID") or env.get("POD_NAME") or socket.gethostname(),
+                        help="worker id, the pod name (env VIVANT_WORKER_ID or POD_NAME; default: hostname)")
+    parser.add_argument("--node", default=env.get("VIVANT_NODE") or env.get("NODE_NAME", ""),
+                        help="node name (env VIVANT_NODE or NODE_NAME)")
+    parser.add_argument("--checkpoint", default=env.get("VIVANT_CHECKPOINT", ""),
+                        help="safetensors checkpoint: an absolute path (mounted volume), or random:// for random "
+                             "weights of the preset's shapes (benchmarks); env VIVANT_CHECKPOINT")
+    parser.add_argument("--tensor-parallel", type=int, default=int(env.get("VIVANT_TENSOR_PARALLEL", "4")),
+                        help="tensor-parallel size this worker reports (env VIVANT_TENSOR_PARALLEL)")
+    parser.add_argument("--metrics-port", type=int, default=int(env.get("VIVANT_METRICS_PORT", "0")),
+                        help="serve Prometheus metrics on this port (env VIVANT_METRICS_PORT; 0 = off)")
+    parser.add_argument("--metrics-addr", default="0.0.0.0", help="address the metrics server binds")
     parser.add_argument("--redis", default=env.get("VIVANT_REDIS_URL", "redis://127.0.0.1:6379/0"),
                         help="Redis URL (env VIVANT_REDIS_URL)")
     parser.add_argument("--preset", default=env.get("VIVANT_MODEL_PRESET", "tiny"), help="model preset")
@@ -458,14 +503,24 @@ def run(args: argparse.Namespace) -> int:
     if not args.pool:
         print("vivant worker: --pool is required (or set VIVANT_POOL)")
         return 2
+    try:
+        weights = checkpoint_path(args.checkpoint)
+    except ValueError as exc:
+        print(f"vivant worker: {exc}")
+        return 2
     registry = Registry(redis_client(args.redis), heartbeat_ttl_s=args.heartbeat_ttl)
+    metrics = None
+    if args.metrics_port:
+        metrics = WorkerMetrics(pool=args.pool)
+        serve_metrics(args.metrics_port, addr=args.metrics_addr)
 
     def load() -> SessionRunner:
-        return GeneratorRunner(args.preset, mode=args.mode, device=args.device, out_dir=args.out)
+        return GeneratorRunner(args.preset, mode=args.mode, device=args.device, out_dir=args.out, weights=weights)
 
     info = WorkerInfo(worker_id=args.worker_id, pool=args.pool, node=args.node, model_preset=args.preset,
-                      capabilities=tuple(FlagValues.model_fields), warm=False)
-    service = WorkerService(registry, FlagStore(registry.redis), info, load, realtime=args.realtime)
+                      tp_size=args.tensor_parallel, capabilities=tuple(FlagValues.model_fields), warm=False)
+    service = WorkerService(registry, FlagStore(registry.redis), info, load, realtime=args.realtime,
+                            metrics=metrics)
 
     def on_signal(signum: int, _frame: object) -> None:
         log.info("worker %s: signal %d, stopping after the current chunk", info.worker_id, signum)

@@ -153,6 +153,15 @@ class TestLifecycle:
         h.stop()
         assert h.registry.workers(POOL) == {}, "a stopped worker is still registered"
 
+    def test_shutdown_mid_session_records_the_end_and_releases(self, make):
+        h = make().start()
+        h.assign(assignment())
+        wait_for("Streaming", lambda: (s := h.registry.session_stats("ns/s1")) and s.phase == "Streaming")
+        h.stop()
+        final = h.registry.session_stats("ns/s1")
+        assert (final.phase, final.end_reason) == ("Ended", "worker shutting down"), final
+        assert h.registry.worker_of("ns/s1") is None and h.registry.lost_reason("ns/s1") is None
+
     def test_stale_assignment_without_lease_is_dropped(self, make):
         h = make().start()
         h.registry.send_assignment(WID, assignment("ns/not-leased"))
@@ -160,6 +169,30 @@ class TestLifecycle:
         time.sleep(0.2)
         assert h.runner.sessions == [], "ran a session whose lease it does not hold"
         assert h.registry.idle_workers(POOL) == [WID]
+
+
+class TestMetrics:
+    def test_session_series_kernel_path_and_slo_result(self, make):
+        from prometheus_client import CollectorRegistry
+        from vivant.worker.metrics import WorkerMetrics
+
+        prom = CollectorRegistry()
+        h = make(metrics=WorkerMetrics(pool=POOL, registry=prom)).start()
+        labels = {"pool": POOL, "session": "ns/s1"}
+        h.assign(assignment())
+        wait_for("frames counted", lambda: (prom.get_sample_value("vivant_worker_session_frames_total", labels) or 0) >= 20)
+        path = {"pool": POOL, "path": "gemm_then_all_reduce", "flag_version": "0"}
+        assert prom.get_sample_value("vivant_worker_kernel_path_info", path) == 1.0
+        h.flags.set(POOL, {"fusedGemmAllReduce": True}, actor="test")
+        fused = {"pool": POOL, "path": "fused_gemm_all_reduce", "flag_version": "1"}
+        wait_for("kernel path follows the flag", lambda: prom.get_sample_value("vivant_worker_kernel_path_info", fused))
+        assert (prom.get_sample_value("vivant_worker_chunk_step_seconds_count", {"pool": POOL, "stage": "diffuse"})
+                or 0) >= 5, "fewer chunk timings than the 20 frames (5 chunks) counted"
+        h.registry.send_end(WID, "ns/s1", "done")
+        wait_for("idle", lambda: h.registry.idle_workers(POOL) == [WID])
+        result = {"pool": POOL, "result": "short"}  # streamed < 1 s: not counted against the SLO
+        wait_for("finished counted", lambda: prom.get_sample_value("vivant_worker_sessions_finished_total", result) == 1)
+        assert prom.get_sample_value("vivant_worker_session_frames_total", labels) is None, "session series kept"
 
 
 class TestLeaseLoss:
@@ -366,8 +399,12 @@ def test_vivant_worker_command_end_to_end(redis_url: str, tmp_path):
     import sys
 
     env = {**os.environ, "POD_NAME": "worker-cli-0", "NODE_NAME": "node-a"}
+    from conftest import free_port
+
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "vivant", "worker", "--pool", POOL, "--redis", redis_url,
-                             "--preset", "tiny", "--out", str(tmp_path), "--heartbeat-ttl", "3"],
+                             "--preset", "tiny", "--out", str(tmp_path), "--heartbeat-ttl", "3",
+                             "--metrics-port", str(port), "--metrics-addr", "127.0.0.1"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     reg = Registry(redis_url, heartbeat_ttl_s=3)
     try:
@@ -377,6 +414,11 @@ def test_vivant_worker_command_end_to_end(redis_url: str, tmp_path):
         assert reg.claim_idle_worker(POOL, "ns/cli") == "worker-cli-0"
         reg.send_assignment("worker-cli-0", assignment("ns/cli", token="LK-SECRET-TOKEN-7f3a"))
         wait_for("3 chunks", lambda: (s := reg.session_stats("ns/cli")) and s.chunks >= 3, timeout=60)
+        import urllib.request
+
+        scrape = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert f'vivant_worker_build_info{{pool="{POOL}"' in scrape, scrape[:2000]
+        assert 'vivant_worker_session_frames_total{pool="gpu-w",session="ns/cli"}' in scrape, scrape[:2000]
         reg.send_end("worker-cli-0", "ns/cli", "done")
         wait_for("released", lambda: reg.idle_workers(POOL) == ["worker-cli-0"])
         written = sorted(p.name for p in (tmp_path / "ns_cli").iterdir())
@@ -388,6 +430,13 @@ def test_vivant_worker_command_end_to_end(redis_url: str, tmp_path):
     assert "streaming session ns/cli" in out, out  # the log is there ...
     assert "LK-SECRET-TOKEN-7f3a" not in out, "the LiveKit token appeared in the worker's log"  # ... the token not
     assert reg.workers(POOL) == {}, "worker did not deregister on SIGTERM"
+
+
+def test_vivant_worker_refuses_a_remote_checkpoint(capsys):
+    from vivant.cli import main
+
+    assert main(["worker", "--pool", POOL, "--checkpoint", "s3://bucket/57b.safetensors"]) == 2
+    assert "checkpoint: expected an absolute path" in capsys.readouterr().out
 
 
 def test_vivant_worker_requires_a_pool(capsys):
