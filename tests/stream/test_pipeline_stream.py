@@ -1,0 +1,132 @@
+"""The streaming loop end to end on CPU: real tiny DiT → decoder stage thread → pacer (wall clock) → sinks.
+
+The decoder here is a small config of the same causal VAE code (8x12 latents → 32x48, 4 frames per
+chunk) so the loop runs near real time on 2 shared cores; the loop does not depend on the resolution.
+Stalls depend on this machine's load, so they are checked for consistency, not for a count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from prometheus_client import CollectorRegistry
+from vivant.worker.config import ModelConfig
+from vivant.worker.decoder_stage import DecoderStage, LatentChunk
+from vivant.worker.generator import ChunkGenerator
+from vivant.worker.metrics import WorkerMetrics
+from vivant.worker.pipeline import StreamPipeline
+from vivant.worker.vae import LatentShapeError, VAEConfig, VAEDecoder, build_vae_decoder
+
+CFG = ModelConfig.from_name("tiny")
+SR = CFG.audio_sample_rate
+LOOP_VAE = VAEConfig(name="loop-test", latent_h=CFG.latent_h, latent_w=CFG.latent_w, widths=(16, 8, 8))
+
+
+class CollectingSink:
+    def __init__(self) -> None:
+        self.frames = []
+        self.closed = False
+
+    def write(self, frame) -> None:
+        self.frames.append(frame)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def speech(seconds: float) -> np.ndarray:
+    t = np.arange(int(seconds * SR)) / SR
+    return (0.5 * np.sin(2 * np.pi * 180 * t) + 0.05).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def streamed():
+    gen = ChunkGenerator(CFG, seed=0)
+    vae = build_vae_decoder(LOOP_VAE)
+    sink = CollectingSink()
+    metrics = WorkerMetrics(pool="ns/test-pool", registry=CollectorRegistry())
+    pipe = StreamPipeline(gen, vae, [sink], metrics=metrics, session="s1")
+
+    def script(n, p):
+        if n == 2:
+            p.audio_in.push(speech(1.0), SR)  # turn 0: 6 chunks of speech
+            p.audio_in.end_segment()
+        elif n == 10:
+            p.audio_in.push(speech(2.0), SR)  # turn 1, interrupted two chunks later
+        elif n == 12:
+            p.clear_buffer()
+
+    report = pipe.run(16, script)
+    return pipe, sink, report, metrics
+
+
+def chunk_audio(sink, n: int) -> np.ndarray:
+    return np.concatenate([f.audio for f in sink.frames if not f.repeated and f.chunk_index == n])
+
+
+def test_every_chunk_is_generated_decoded_and_published_once_in_order(streamed):
+    pipe, sink, report, _ = streamed
+    generated = [f.content_index for f in sink.frames if not f.repeated]
+    assert generated == list(range(16 * 4)), "generated frames missing, duplicated or out of order"
+    assert [f.slot for f in sink.frames] == list(range(len(sink.frames)))
+    assert report.frames_published == len(sink.frames) == report.generated_frames_published + report.repeated_frames
+    assert report.repeated_frames == sum(report.stall_frames) and report.stalls == len(report.stall_frames)
+    assert sink.closed
+    for stage in ("diffuse", "decode"):
+        assert report.stages_ms[stage]["n"] == 16, f"{stage}: {report.stages_ms[stage]}"
+    assert report.stages_ms["end_to_end"]["n"] == 16
+
+
+def test_idle_chunks_speech_and_interrupt_reach_the_published_audio(streamed):
+    _, sink, report, _ = streamed
+    for n in (0, 1, 8, 9):
+        assert not chunk_audio(sink, n).any(), f"chunk {n} is idle and must be silent"
+    for n in range(2, 8):
+        assert chunk_audio(sink, n).any(), f"chunk {n} must carry turn 0's speech"
+    assert chunk_audio(sink, 11).any(), "chunk 11 was taken before the interrupt"
+    for n in range(12, 16):
+        assert not chunk_audio(sink, n).any(), f"chunk {n} comes after clear_buffer: speech must be cut"
+    assert report.cleared_samples == int(2.0 * SR) - sum(len(chunk_audio(sink, n)) for n in (10, 11))
+
+
+def test_av_offset_measured_within_one_frame(streamed):
+    _, sink, report, _ = streamed
+    assert report.max_abs_av_offset_ms < 1000 / 24, f"A/V offset {report.max_abs_av_offset_ms} ms"
+    offsets = [abs(f.av_offset_s) for f in sink.frames if not f.repeated]
+    assert max(offsets) * 1e3 == pytest.approx(report.max_abs_av_offset_ms)
+
+
+def test_turn_latency_trace_orders_its_timestamps(streamed):
+    pipe, sink, report, metrics = streamed
+    traces = pipe.turn_traces()
+    assert [(t.turn, t.chunk_index, t.first_frame) for t in traces] == [(0, 2, 8), (1, 10, 40)]
+    for t in traces:
+        assert t.pushed_s <= t.diffused_s <= t.decoded_s <= t.published_s, t
+        first = next(f for f in sink.frames if f.content_index == t.first_frame and not f.repeated)
+        assert t.published_s == first.published_s
+    assert [t["turn"] for t in report.turns] == [0, 1] and "turn 1: first sample in" in report.format_text()
+    reg = metrics.registry
+    assert reg.get_sample_value("vivant_worker_turn_latency_seconds_count", {"pool": "ns/test-pool"}) == 2
+    assert reg.get_sample_value("vivant_worker_decoder_seconds_count", {"pool": "ns/test-pool"}) == 16
+    assert reg.get_sample_value("vivant_worker_session_frames_total", {"pool": "ns/test-pool", "session": "s1"}) == 64
+
+
+class FailingDecoder(VAEDecoder):
+    def decode_chunk(self, latents, cache):
+        if cache.chunks >= 2:
+            raise RuntimeError("decoder GPU fell over")
+        return super().decode_chunk(latents, cache)
+
+
+def test_decoder_failure_surfaces_instead_of_hanging():
+    vae = FailingDecoder(LOOP_VAE).eval()
+    pipe = StreamPipeline(ChunkGenerator(CFG, seed=0), vae, [CollectingSink()])
+    with pytest.raises(RuntimeError, match="decoder stage failed: RuntimeError\\('decoder GPU fell over'\\)"):
+        pipe.run(8)
+
+
+def test_decoder_stage_rejects_wrong_latent_shape_naming_both():
+    stage = DecoderStage(build_vae_decoder(LOOP_VAE), lambda chunk: None)
+    with pytest.raises(LatentShapeError, match=r"expected shape \[16, 8, 12\].*got \[16, 44, 68\]"):
+        stage.submit(LatentChunk(0, torch.zeros(16, 44, 68), np.zeros(2666, np.float32)))
