@@ -279,6 +279,21 @@ def test_optional_objects_follow_their_flags(name: str, present: set[str]):
     assert got == present, f"{name}: optional objects {sorted(got)}, expected {sorted(present)}"
 
 
+@pytest.mark.parametrize(("name", "monitors"), [
+    ("trial-values", {"PodMonitor/rel-vivant-workers", "PodMonitor/rel-vivant-control-plane"}),
+    ("production-values", {"PodMonitor/rel-vivant-workers", "ServiceMonitor/rel-vivant-control-plane"}),
+])
+def test_each_target_is_scraped_once(name: str, monitors: set[str]):
+    got = {f"{o['kind']}/{o['metadata']['name']}" for o in objects(name) if o["kind"] in ("PodMonitor", "ServiceMonitor")}
+    assert got == monitors, f"{name}: monitors {sorted(got)}, expected {sorted(monitors)} (no target scraped twice)"
+
+
+def test_monitor_labels_reach_every_prometheus_object():
+    for o in objects("production-values"):
+        if o["apiVersion"].startswith("monitoring.coreos.com/"):
+            assert o["metadata"]["labels"].get("release") == "kube-prometheus-stack", f"{o['kind']}/{o['metadata']['name']}"
+
+
 def test_prometheus_rule_toggles_with_its_flag_alone():
     on = render(None, "prometheusRule.enabled=true")
     off = render(None, "prometheusRule.enabled=false")
