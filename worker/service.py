@@ -494,7 +494,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default=None, help="file sink: write each chunk's latents under this folder")
     parser.add_argument("--heartbeat-ttl", type=float, default=10.0, help="seconds without heartbeat = dead")
-    parser.add_argument("--realtime", action="store_true", help="pace chunks at the video frame rate")
+    parser.add_argument("--realtime", action=argparse.BooleanOptionalAction, default=True,
+                        help="pace chunks at the video frame rate, as a viewer receives them (default: on; "
+                             "--no-realtime runs as fast as the model goes, for throughput tests)")
     parser.add_argument("--log-level", default="INFO")
 
 
