@@ -3,7 +3,7 @@
 No kube-apiserver can run on these machines (ENVIRONMENT.md), so the kopf tests run against kmock's
 in-memory emulator. Plain kmock stamps no uid/resourceVersion/creationTimestamp/generation and
 merges JSON-patch lists as if they were dicts. This subclass adds what kopf relies on:
-- on create: metadata.uid, resourceVersion, creationTimestamp, generation=1;
+- on create: a name from metadata.generateName, metadata.uid, resourceVersion, creationTimestamp, generation=1;
 - on every change: a new resourceVersion; metadata.generation + 1 when the spec changes
   (not for the status subresource);
 - lists carry the current resourceVersion and a watch from that version skips objects not
@@ -65,6 +65,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     async def _handle(self, request: kmock.Request):  # type: ignore[override]
         if request.resource is not None and request.action == enums.action.CREATE and isinstance(request.data, dict):
             meta = request.data.setdefault("metadata", {})
+            if not meta.get("name") and meta.get("generateName"):  # kopf names its Events this way
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
             meta.setdefault("uid", str(uuid.uuid4()))
             meta.setdefault("creationTimestamp", datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
             meta["resourceVersion"] = _next_version()

@@ -269,3 +269,102 @@ class TestSessionLifecycle:
                     assert token not in json.dumps([v.raw for v in o.history if v is not None]), f"token found in {key}"
         assert token not in "\n".join(logs.lines) + runner.output, "the token leaked into logs"
         assert LIVEKIT_SECRET not in "\n".join(logs.lines) + runner.output + recorded
+
+
+def pool_status(kube, name="h200") -> dict[str, Any]:
+    return (obj(kube, RES_WP, name) or {}).get("status", {})
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    return next((c for c in status.get("conditions", []) if c["type"] == type_), None)
+
+
+class TestWorkerLoss:
+    async def test_lost_worker_fails_its_session_and_the_slot_is_reclaimed(self, kube, redis_url):
+        async with Fleet(kube, redis_url) as fleet, operator():
+            await create(kube, WP, pool_body(min_idle=1, max_workers=2))
+            await wait_for("a warm worker", lambda: fleet.alive)
+            await create(kube, CS, session_body("ada"))
+            await wait_for("session Streaming", lambda: phase(kube, "ada") == "Streaming")
+            fleet.kill("h200-0")  # the pod dies mid-session: heartbeats stop
+            await wait_for("session Failed", lambda: phase(kube, "ada") == "Failed")
+            status = obj(kube, RES_CS, "ada")["status"]
+            ready = condition(status, "Ready")
+            assert ready["reason"] == "WorkerLost" and "heartbeat" in ready["message"], status
+            assert fleet.registry.worker_of(f"{NS}/ada") is None
+            fleet.killed.discard("h200-0")  # the StatefulSet restarts the pod; it re-registers warm
+            await wait_for("h200-0 idle again", lambda: "h200-0" in fleet.registry.idle_workers(fleet.pool))
+            await create(kube, CS, session_body("bob"))
+            await wait_for("bob Streaming", lambda: phase(kube, "bob") == "Streaming")
+            assert obj(kube, RES_CS, "ada")["status"]["phase"] == "Failed", "a Failed session must stay Failed"
+
+
+class TestOperatorRestart:
+    async def test_sessions_converge_after_restart_without_double_assignment(self, kube, redis_url):
+        async with Fleet(kube, redis_url) as fleet:
+            async with operator():
+                await create(kube, WP, pool_body(min_idle=2, max_workers=3))
+                await wait_for("two warm workers", lambda: len(fleet.alive) == 2)
+                await create(kube, CS, session_body("s1"))
+                await wait_for("s1 Streaming", lambda: phase(kube, "s1") == "Streaming")
+            # The operator is down: new sessions arrive, s1's worker ends it on its own.
+            await create(kube, CS, session_body("s2"))
+            await create(kube, CS, session_body("s3"))
+            w1 = obj(kube, RES_CS, "s1")["status"]["worker"]
+            fleet.registry.send_end(w1, f"{NS}/s1", "user hung up")
+            await wait_for("s1's worker to finish", lambda: w1 not in fleet.sessions)
+            assert phase(kube, "s2") is None and phase(kube, "s3") is None
+            async with operator():
+                for name in ("s2", "s3"):
+                    await wait_for(f"{name} Streaming", lambda n=name: phase(kube, n) == "Streaming")
+                await wait_for("s1 Ended", lambda: phase(kube, "s1") == "Ended")
+                await asyncio.sleep(1.5)  # a few more reconcile ticks: nothing may move
+            workers = {n: obj(kube, RES_CS, n)["status"]["worker"] for n in ("s2", "s3")}
+            assert len(set(workers.values())) == 2, f"two sessions share a worker: {workers}"
+            per_session: dict[str, set[str]] = {}
+            for a in fleet.assignments:
+                per_session.setdefault(a.session_id, set()).add(fleet.registry.worker_of(a.session_id) or "")
+            holders = [fleet.registry.worker_of(f"{NS}/{n}") for n in ("s2", "s3")]
+            assert holders == [workers["s2"], workers["s3"]], holders
+            assert sorted(a.session_id for a in fleet.assignments) == [f"{NS}/s1", f"{NS}/s2", f"{NS}/s3"], \
+                [a.session_id for a in fleet.assignments]
+
+
+class TestFlagRollback:
+    async def test_auto_rollback_sticks_until_the_spec_is_edited(self, kube, redis_url):
+        async with Fleet(kube, redis_url, fps=20.0) as fleet, operator():
+            await create(kube, WP, pool_body(fused=True))
+            await wait_for("fused flag on in Redis", lambda: fleet.flags.get(fleet.pool).values.fusedGemmAllReduce)
+            await create(kube, CS, session_body("slow"))
+            await wait_for("auto-rollback in Redis", lambda: not fleet.flags.get(fleet.pool).values.fusedGemmAllReduce)
+            flagset = fleet.flags.get(fleet.pool)
+            assert flagset.updated_by == "operator:auto-rollback", flagset
+            cond = await wait_for("pool condition FlagsMatchSpec=False",
+                                  lambda: (c := condition(pool_status(kube), "FlagsMatchSpec")) and c["status"] == "False" and c)
+            assert cond["reason"] == "AutoRollback", cond
+            kinds = await wait_for("FlagRolledBack events on the pool and the session", lambda: (k := {
+                e.raw["involvedObject"]["kind"] for key, e in kube.objects.items()
+                if key[0] == RES_EVENT and not e.deleted and e.raw.get("reason") == "FlagRolledBack"
+            }) >= {"WorkerPool", "CharacterSession"} and k)
+            assert kinds
+            fleet.fps = 24.0
+            await asyncio.sleep(2.5)  # resyncs of the same generation must not re-enable it
+            assert not fleet.flags.get(fleet.pool).values.fusedGemmAllReduce, "resync undid the rollback"
+            await merge_patch(kube, f"{WP}/h200", {"spec": {"minIdle": 2}})  # the user edits the spec
+            await wait_for("spec re-applied: flag on", lambda: fleet.flags.get(fleet.pool).values.fusedGemmAllReduce)
+            await wait_for("pool condition FlagsMatchSpec=True",
+                           lambda: (condition(pool_status(kube), "FlagsMatchSpec") or {}).get("status") == "True")
+
+    async def test_cli_rollback_is_kept_and_the_spec_restores(self, kube, redis_url):
+        async with Fleet(kube, redis_url) as fleet, operator():
+            await create(kube, WP, pool_body(fused=True))
+            await wait_for("fused flag on", lambda: fleet.flags.get(fleet.pool).values.fusedGemmAllReduce)
+            fleet.flags.set(fleet.pool, {"fusedGemmAllReduce": "false"}, actor="oncall@laptop", reason="incident 42")
+            cond = await wait_for("condition OverriddenOutsideSpec",
+                                  lambda: (c := condition(pool_status(kube), "FlagsMatchSpec")) and c["status"] == "False" and c)
+            assert cond["reason"] == "OverriddenOutsideSpec" and "oncall@laptop" in cond["message"], cond
+            assert pool_status(kube)["flags"] == {"fusedGemmAllReduce": False}
+            await asyncio.sleep(2.5)
+            assert not fleet.flags.get(fleet.pool).values.fusedGemmAllReduce, "the operator undid the CLI rollback"
+            await merge_patch(kube, f"{WP}/h200", {"spec": {"flags": {"fusedGemmAllReduce": True}, "minIdle": 0}})
+            await wait_for("spec edit re-applies the flag", lambda: fleet.flags.get(fleet.pool).values.fusedGemmAllReduce)
