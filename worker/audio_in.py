@@ -90,6 +90,7 @@ class AudioInput:
         self._turn_open = False
         self._resamplers: dict[int, object] = {}
         self.cleared_samples = 0  # speech discarded by clear_buffer, in total
+        self.last_cut_chunk: int | None = None  # first chunk taken after the latest clear_buffer
 
     # ---- transport side -----------------------------------------------------------------------------
     def push(self, pcm: np.ndarray, sample_rate: int) -> int:
@@ -143,6 +144,7 @@ class AudioInput:
             self._turn_open = False
             self._resamplers.clear()
             self.cleared_samples += dropped
+            self.last_cut_chunk = self._next
             return dropped
 
     # ---- generation side ----------------------------------------------------------------------------

@@ -12,6 +12,10 @@ needs one frame every 41.67 ms. The pacer sits between them:
 * bounded: at most `buffer_chunks` chunks wait. `push` on a full buffer raises `PacerFull` (the
   producer is ahead of real time and should wait with `wait_for_space`); a chunk out of order raises.
   Every generated frame is published exactly once; repeats are marked `repeated=True`.
+* interruption: `discard_speech_before(n)` drops the not-yet-started chunks with index < n that carry
+  speech (the chunk on screen finishes), so an interrupted character stops talking within one chunk
+  of playout. The drop is recorded (`stats().discards`) and the gap until the next chunk is a stall
+  of cause "interrupt" (a late generator's stall has cause "late").
 * audio: each slot carries its share of the chunk's PCM (slot k ends at sample floor((k+1)*sr/fps));
   a repeated slot carries silence up to that boundary, so published audio and video never drift. The
   A/V offset of every generated frame (where its first audio sample lands minus its video timestamp)
@@ -23,7 +27,6 @@ playout loop uses `MonotonicClock`. Times are seconds; audio is float32 mono at 
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections import deque
@@ -137,6 +140,15 @@ class Stall:
     due_s: float  # when the first missing frame was due
     frames: int = 0  # slots filled with repeats
     ended_s: float | None = None  # when a generated frame was published again
+    cause: str = "late"  # "late": generation fell behind; "interrupt": speech discarded by an interruption
+
+
+@dataclass
+class Discard:
+    """Chunks of speech dropped because the speech was interrupted (`discard_speech_before`)."""
+
+    at_s: float
+    chunks: list[int]
 
 
 @dataclass
@@ -149,10 +161,16 @@ class PacerStats:
     max_abs_av_offset_s: float
     depth_history: list[tuple[float, int]]  # (clock s, chunks buffered) at each push and chunk start
     t0: float | None
+    discards: list[Discard]
+    frames_per_chunk: int
 
     @property
     def stall_count(self) -> int:
         return len(self.stalls)
+
+    @property
+    def discarded_frames(self) -> int:
+        return sum(len(d.chunks) for d in self.discards) * self.frames_per_chunk
 
 
 class Pacer:
@@ -176,6 +194,10 @@ class Pacer:
         self._repeated = 0
         self._max_offset = 0.0
         self._depth: deque[tuple[float, int]] = deque(maxlen=depth_history)
+        self._discards: list[Discard] = []
+        self._discard_below = 0  # speech chunks with a smaller index are dropped on arrival
+        self._retired = -1  # highest chunk index that started playing or was discarded
+        self._interrupted = False  # an interruption emptied the buffer; the next stall is its gap
 
     # ---- producer side ------------------------------------------------------------------------------
     def depth(self) -> int:
@@ -202,12 +224,40 @@ class Pacer:
                 raise ValueError(f"chunk {chunk.index}: the pacer's input was closed")
             if chunk.index != self._next_chunk:
                 raise ValueError(f"chunk index: expected {self._next_chunk} (chunks arrive in order), got {chunk.index}")
+            if chunk.index < self._discard_below and chunk.audio.any():
+                self._next_chunk += 1
+                self._discards[-1].chunks.append(chunk.index)
+                self._cond.notify_all()
+                return
             if len(self._chunks) >= c.buffer_chunks:
                 raise PacerFull(f"jitter buffer full ({c.buffer_chunks} chunks); chunk {chunk.index} not taken")
             self._chunks.append(chunk)
             self._next_chunk += 1
             self._depth.append((self.clock.now(), len(self._chunks)))
             self._cond.notify_all()
+
+    def discard_speech_before(self, index: int) -> list[int]:
+        """Interruption: drop every chunk carrying speech with chunk index < `index` that has not started
+        playing (buffered now, or arriving later); the chunk on screen finishes. Recorded, never silent:
+        `stats().discards` lists the chunks, and the gap until the next chunk is a stall of cause
+        "interrupt". Returns the indices dropped from the buffer now."""
+        with self._cond:
+            self._discard_below = max(self._discard_below, index)
+            self._retired = max(self._retired, index - 1)
+            keep: deque[DecodedChunk] = deque()
+            dropped = []
+            for i, chunk in enumerate(self._chunks):
+                started = i == 0 and self._frame_in_chunk > 0
+                if chunk.index < index and chunk.audio.any() and not started:
+                    dropped.append(chunk.index)
+                else:
+                    keep.append(chunk)
+            self._chunks = keep
+            self._discards.append(Discard(self.clock.now(), dropped))
+            self._interrupted = True
+            self._depth.append((self.clock.now(), len(self._chunks)))
+            self._cond.notify_all()
+            return dropped
 
     def wait_for_space(self, timeout: float | None = None) -> bool:
         """Block (real time) until a chunk fits; True if it does. Only a producer ahead of playout waits."""
@@ -281,6 +331,9 @@ class Pacer:
         if self._stalls and self._stalls[-1].ended_s is None:
             self._stalls[-1].ended_s = now
         frame = PublishedFrame(self._slot, pts, chunk.index, f, False, chunk.frames[j], audio, due, now, offset)
+        if j == 0:  # a chunk starts: any gap after this one is the generator's, not the interruption's
+            self._interrupted = False
+        self._retired = max(self._retired, chunk.index)
         self._generated += 1
         self._frame_in_chunk += 1
         if self._frame_in_chunk == c.frames_per_chunk:
@@ -294,7 +347,8 @@ class Pacer:
         last = self._last
         assert last is not None, "a stall before the first frame cannot happen: start-up waits for chunks"
         if not self._stalls or self._stalls[-1].ended_s is not None:
-            self._stalls.append(Stall(first_slot=self._slot, due_s=due))
+            self._stalls.append(Stall(first_slot=self._slot, due_s=due,
+                                      cause="interrupt" if self._interrupted else "late"))
         self._stalls[-1].frames += 1
         n = max(0, self._slot_audio_end(self._slot) - self._audio_out)
         self._audio_out += n
@@ -303,11 +357,10 @@ class Pacer:
                               last.rgb, np.zeros(n, np.float32), due, now, None)
 
     def wait_until_started(self, chunks: int, timeout: float | None = None) -> bool:
-        """Block (real time) until the first frame of chunk `chunks - 1` is out, i.e. `chunks` chunks
-        have started playing (True), or the timeout passes (False). The generator's lead limit."""
-        fpc = self.config.frames_per_chunk
+        """Block (real time) until chunk `chunks - 1` (or a later one) has started playing or was discarded
+        (True), or the timeout passes (False). The generator's lead limit."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._generated > (chunks - 1) * fpc or self._input_closed, timeout)
+            return self._cond.wait_for(lambda: self._retired >= chunks - 1 or self._input_closed, timeout)
 
     def stall_count(self) -> int:
         with self._cond:
@@ -320,13 +373,11 @@ class Pacer:
                 generated_frames_published=self._generated,
                 repeated_frames=self._repeated,
                 chunks_received=self._next_chunk,
-                stalls=[Stall(s.first_slot, s.due_s, s.frames, s.ended_s) for s in self._stalls],
+                stalls=[Stall(s.first_slot, s.due_s, s.frames, s.ended_s, s.cause) for s in self._stalls],
                 max_abs_av_offset_s=self._max_offset,
                 depth_history=list(self._depth),
                 t0=self.t0,
+                discards=[Discard(d.at_s, list(d.chunks)) for d in self._discards],
+                frames_per_chunk=self.config.frames_per_chunk,
             )
 
-
-def frames_due(elapsed_s: float, fps: int) -> int:
-    """Slots due within `elapsed_s` of t0 (slot 0 is due at t0)."""
-    return math.floor(elapsed_s * fps + 1e-9) + 1

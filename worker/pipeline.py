@@ -75,6 +75,8 @@ class StreamReport:
     repeated_frames: int
     stalls: int
     stall_frames: list[int]
+    stall_causes: list[str]  # "late" (generation behind) or "interrupt" (gap after discarded speech)
+    discarded_chunks: list[int]  # speech chunks dropped by interruptions
     delivered_fps: float  # generated frames per second of live playout
     real_time_factor: float  # busiest stage's compute seconds per content second (≤ 1 keeps up)
     production_real_time_factor: float  # wall production s per content s (lead-limited when ahead)
@@ -92,7 +94,9 @@ class StreamReport:
         lines = [
             f"session {self.session}: {self.chunks} chunks, {self.content_seconds:.2f} s of video",
             f"  live playout: {self.generated_frames_published} generated frames in {self.playout_seconds:.2f} s "
-            f"= {self.delivered_fps:.2f} fps delivered; {self.stalls} stalls, {self.repeated_frames} repeated frames",
+            f"= {self.delivered_fps:.2f} fps delivered; {self.stalls} stalls "
+            f"({self.stall_causes.count('late')} late, {self.stall_causes.count('interrupt')} after an interrupt), "
+            f"{self.repeated_frames} repeated frames; {len(self.discarded_chunks)} speech chunks discarded by interrupts",
             f"  real-time factor {self.real_time_factor:.2f} (busiest stage's compute s per s of video; ≤ 1 keeps "
             f"up); wall production {self.production_seconds:.2f} s for {self.content_seconds:.2f} s of video",
             f"  A/V offset: max |offset| {self.max_abs_av_offset_ms:.3f} ms (one frame = {1000 / 24:.1f} ms)",
@@ -154,8 +158,12 @@ class StreamPipeline:
 
     # ---- control ------------------------------------------------------------------------------------
     def clear_buffer(self) -> int:
-        """Interrupt the character's speech: pending audio is dropped; see AudioInput.clear_buffer."""
-        return self.audio_in.clear_buffer()
+        """Interrupt the character's speech: audio not yet taken is dropped (AudioInput.clear_buffer) and
+        chunks of speech taken before the cut that have not started playing are discarded by the pacer,
+        so the speech stops within the chunk on screen. Returns the audio samples dropped."""
+        dropped = self.audio_in.clear_buffer()
+        self.pacer.discard_speech_before(self.audio_in.last_cut_chunk)
+        return dropped
 
     def run(self, chunks: int, before_chunk: Callable[[int, StreamPipeline], None] | None = None) -> StreamReport:
         """Stream `chunks` chunks; `before_chunk(n, self)` runs on the generator thread before chunk n's
@@ -306,7 +314,9 @@ class StreamPipeline:
             session=self.session, chunks=chunks, content_seconds=content_s, production_seconds=production_s,
             playout_seconds=playout_s, frames_published=stats.frames_published,
             generated_frames_published=stats.generated_frames_published, repeated_frames=stats.repeated_frames,
-            stalls=stats.stall_count, stall_frames=[s.frames for s in stats.stalls], delivered_fps=fps,
+            stalls=stats.stall_count, stall_frames=[s.frames for s in stats.stalls],
+            stall_causes=[s.cause for s in stats.stalls],
+            discarded_chunks=[i for d in stats.discards for i in d.chunks], delivered_fps=fps,
             real_time_factor=max(sum(self.diffuse_ms), sum(self.decoder.decode_ms)) / 1e3 / content_s,
             production_real_time_factor=production_s / content_s,
             max_abs_av_offset_ms=stats.max_abs_av_offset_s * 1e3,

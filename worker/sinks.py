@@ -7,9 +7,10 @@ lives with the LiveKit I/O code behind this same protocol) or nothing at all.
 Two timelines, chosen per sink:
 * `live`: every slot the pacer released, stall repeats included, at pts = slot / fps, with the slot's
   audio (silence during a stall). This is what a viewer of the live stream saw.
-* `content`: only generated frames, at pts = generated frame index / fps, with their own audio. On a
-  machine slower than real time the live clock stalls, but the content file still has every frame at
-  an exact 1/fps step, lip-synced: it is the video the model made.
+* `content`: only generated frames (stall repeats left out), back to back at pts = n / fps for the n-th
+  frame written, each with its own audio. On a machine slower than real time the live clock stalls,
+  but the content file still has every frame at an exact 1/fps step, lip-synced: it is the video the
+  model made (less any speech chunks an interruption discarded, which the pacer reports).
 
 `Mp4Sink` writes H.264 (libx264, yuv420p) and AAC (mono, the pipeline's sample rate) with PyAV.
 Video pts are in 1/fps units and audio pts in samples, so the muxer keeps them exactly aligned.
@@ -93,7 +94,7 @@ class Mp4Sink:
             raise ValueError(f"Mp4Sink frame: expected uint8 [{self.height}, {self.width}, 3], "
                              f"got {rgb.dtype} {list(rgb.shape)}")
         vf = av.VideoFrame.from_ndarray(rgb, format="rgb24")
-        vf.pts = frame.content_index if self.timeline == "content" else frame.slot
+        vf.pts = self.frames_written if self.timeline == "content" else frame.slot
         vf.time_base = Fraction(1, self.fps)
         for packet in self._v.encode(vf):
             self._container.mux(packet)

@@ -21,7 +21,7 @@ CHUNKS = 12
 def marked_chunk(cfg: PacerConfig, n: int) -> DecodedChunk:
     frames = np.full((cfg.frames_per_chunk, H, W, 3), 40, np.uint8)
     start, stop = cfg.chunk_sample_range(n)
-    audio = np.zeros(stop - start, np.float32)
+    audio = np.full(stop - start, 0.01, np.float32)  # quiet "speech", so an interrupt can discard it
     for j in range(cfg.frames_per_chunk):
         if n * cfg.frames_per_chunk + j == MARK:
             frames[j] = 250
@@ -30,8 +30,9 @@ def marked_chunk(cfg: PacerConfig, n: int) -> DecodedChunk:
     return DecodedChunk(n, frames, audio)
 
 
-def stream_into(sink: FrameSink, late_chunk: int | None = None, late_s: float = 0.0):
-    """Push CHUNKS chunks through a pacer on a fake clock; `late_chunk` arrives `late_s` after it was due."""
+def stream_into(sink: FrameSink, late_chunk: int | None = None, late_s: float = 0.0, interrupt_at: int | None = None):
+    """Push CHUNKS chunks through a pacer on a fake clock; `late_chunk` arrives `late_s` after it was due;
+    an interruption before chunk `interrupt_at` discards the unplayed chunks up to and including it."""
     cfg = PacerConfig()
     clock = FakeClock()
     pacer = Pacer(cfg, clock)
@@ -42,6 +43,8 @@ def stream_into(sink: FrameSink, late_chunk: int | None = None, late_s: float = 
         while pacer.space() == 0 or (n == late_chunk and clock.now() < pacer.stats().t0 + n / 6 + late_s):
             published += pacer.poll(clock.now())
             clock.advance(1 / 96)
+        if n == interrupt_at:
+            pacer.discard_speech_before(n + 1)
         pacer.push(marked_chunk(cfg, n))
     pacer.close_input()
     while not pacer.drained:
@@ -85,6 +88,16 @@ def test_content_mp4_has_every_frame_at_exact_steps_and_av_within_one_frame(tmp_
     assert times == [pytest.approx(k / 24, abs=1e-6) for k in range(CHUNKS * 4)], "video pts not at k/24 s"
     assert v == pytest.approx(MARK / 24, abs=1e-6)
     assert abs(a - v) < 1 / 24, f"A/V offset {(a - v) * 1e3:.2f} ms, must be under one frame (41.7 ms)"
+
+
+def test_content_mp4_after_an_interrupt_stays_in_sync(tmp_path):
+    path = tmp_path / "interrupted.mp4"
+    stats, _ = stream_into(Mp4Sink(path, W, H, timeline="content"), interrupt_at=4)
+    assert stats.discarded_frames > 0 and MARK // 4 not in stats.discards[0].chunks
+    v, a, times, _ = marker_times(path)
+    assert len(times) == CHUNKS * 4 - stats.discarded_frames
+    assert times == [pytest.approx(k / 24, abs=1e-6) for k in range(len(times))], "video pts not back to back"
+    assert abs(a - v) < 1 / 24, f"A/V offset after discarded chunks {(a - v) * 1e3:.2f} ms, must be under one frame"
 
 
 def test_live_mp4_with_stall_repeats_stays_in_sync(tmp_path):

@@ -140,3 +140,41 @@ def test_bad_chunks_are_rejected_with_the_reason():
     pacer.push(make_chunk(cfg, 0))  # a good chunk 0 is still accepted
     with pytest.raises(ValueError, match="start_chunks = 4; expected ≤ buffer_chunks = 3"):
         PacerConfig(buffer_chunks=3, start_chunks=4)
+
+
+def test_interrupt_discards_unplayed_speech_records_it_and_the_gap():
+    cfg = PacerConfig(buffer_chunks=3, start_chunks=2)
+    clock = FakeClock()
+    pacer = Pacer(cfg, clock)
+    for n in range(3):
+        pacer.push(make_chunk(cfg, n))  # all carry (non-zero) audio: speech
+    frames = pacer.poll(0.0)  # chunk 0 is on screen
+    dropped = pacer.discard_speech_before(4)  # the interrupt: chunks 0..3 were taken before the cut
+    assert dropped == [1, 2], "the chunk on screen finishes, the unplayed speech chunks go"
+    silent = make_chunk(cfg, 3)
+    silent.audio[:] = 0
+    pacer.push(silent)  # an idle chunk taken before the cut is kept
+    clock.set(4 / FPS)
+    frames += pacer.poll()  # chunk 0 finishes, then chunk 3 (idle) plays
+    late = make_chunk(cfg, 4)
+    late.audio[:] = 0
+    clock.set(10 / FPS)
+    frames += pacer.poll()  # slots 8..10: nothing ready → the interruption's gap
+    pacer.push(late)
+    pacer.close_input()
+    clock.set(100.0)
+    frames += pacer.poll()
+    stats = pacer.stats()
+    assert [f.content_index for f in frames if not f.repeated] == [0, 1, 2, 3, 12, 13, 14, 15, 16, 17, 18, 19]
+    assert [d.chunks for d in stats.discards] == [[1, 2]] and stats.discarded_frames == 8
+    assert [(s.first_slot, s.frames) for s in stats.stalls] == [(8, 3)]
+    assert stats.stalls[0].cause == "late", "an idle chunk played after the cut, so this gap is a late generator"
+    pacer2 = Pacer(cfg, FakeClock())
+    pacer2.push(make_chunk(cfg, 0))
+    pacer2.push(make_chunk(cfg, 1))
+    pacer2.poll(0.0)
+    pacer2.discard_speech_before(3)
+    pacer2.push(make_chunk(cfg, 2))  # arrives after the interrupt, carries speech from before it: dropped
+    assert pacer2.stats().discards[0].chunks == [1, 2] and pacer2.depth() == 1
+    pacer2.poll(4 / FPS)
+    assert pacer2.stats().stalls[0].cause == "interrupt"
