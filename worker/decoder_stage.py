@@ -90,10 +90,7 @@ class DecoderStage:
         """Hand a chunk over (returns seconds spent waiting for queue space)."""
         self._raise_if_failed()
         self.vae.check_chunk_latents(chunk.latents)
-        handoff = _Handoff(chunk, None)
-        src = chunk.latents.device
-        if self.device.type == "cuda" and src != self.device:
-            handoff = self._async_copy(chunk)
+        handoff = self._async_copy(chunk) if self.device.type == "cuda" else _Handoff(chunk, None)
         t = time.perf_counter()
         while True:
             try:
@@ -124,8 +121,15 @@ class DecoderStage:
             raise RuntimeError(f"decoder stage failed: {self._error!r}") from self._error
 
     def _async_copy(self, chunk: LatentChunk) -> _Handoff:
+        """CUDA hand-over; the returned event fires when the latents are on the decoder device."""
         src_dev = chunk.latents.device
         key = -1 if src_dev.type == "cpu" else int(src_dev.index or 0)
+        if src_dev == self.device:
+            # Same GPU: order the decoder's stream after the generator's, and keep the memory alive for it.
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(src_dev))
+            chunk.latents.record_stream(self._decode_stream)
+            return _Handoff(chunk, ready)
         if src_dev.type == "cpu":
             latents = chunk.latents.pin_memory().to(self.device, non_blocking=True)
             ready = torch.cuda.Event()
