@@ -7,6 +7,7 @@ its thread pool. Quantities in bodies are strings (`kubernetes` 37 validates bod
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import kubernetes
@@ -18,7 +19,7 @@ def load_config() -> None:
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()
+        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
 
 
 def _apis(kind: str) -> tuple[Any, str]:

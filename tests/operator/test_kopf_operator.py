@@ -26,12 +26,13 @@ from typing import Any  # noqa: E402
 import kmock  # noqa: E402
 import kubernetes  # noqa: E402
 import pytest  # noqa: E402
+from conftest import RedisServer  # noqa: E402
 from kopf.testing import KopfRunner  # noqa: E402
 from kube_emulator import ApiServerEmulator  # noqa: E402
 from vivant.sessions import resources as r  # noqa: E402
 from vivant.sessions.flags import FlagStore  # noqa: E402
 from vivant.sessions.models import Assignment, EndRequest, FlagValues, SessionStats, WorkerInfo  # noqa: E402
-from vivant.sessions.registry import Registry  # noqa: E402
+from vivant.sessions.registry import Registry, RegistryUnavailable  # noqa: E402
 
 pytestmark = [pytest.mark.kmock(cls=ApiServerEmulator), pytest.mark.timeout(120)]
 kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(_KUBECONFIG)
@@ -86,6 +87,12 @@ class Fleet:
         return int(self.kube.objects[key].raw["spec"]["replicas"])
 
     def tick(self) -> None:
+        try:
+            self._tick()
+        except RegistryUnavailable:
+            pass  # Redis is down: a real worker keeps streaming and retries next tick
+
+    def _tick(self) -> None:
         want = {f"{self.pool_name}-{i}" for i in range(self.replicas())} - self.killed
         for w in sorted(want - self.alive):
             self.registry.register(WorkerInfo(worker_id=w, pool=self.pool, warm=True))
@@ -94,7 +101,9 @@ class Fleet:
             self.registry.deregister(w, self.pool, "pod deleted")
             self.alive.discard(w)
         for w in sorted(self.alive):
-            self.registry.heartbeat(w, self.pool)
+            if not self.registry.heartbeat(w, self.pool):  # Redis came back empty: register again
+                self.registry.register(WorkerInfo(worker_id=w, pool=self.pool, warm=True),
+                                       session_id=self.sessions.get(w))
             while (msg := self.registry.next_message(w, 0)) is not None:
                 self.registry.ack(w, msg)
                 if isinstance(msg, Assignment):
@@ -368,3 +377,23 @@ class TestFlagRollback:
             assert not fleet.flags.get(fleet.pool).values.fusedGemmAllReduce, "the operator undid the CLI rollback"
             await merge_patch(kube, f"{WP}/h200", {"spec": {"flags": {"fusedGemmAllReduce": True}, "minIdle": 0}})
             await wait_for("spec edit re-applies the flag", lambda: fleet.flags.get(fleet.pool).values.fusedGemmAllReduce)
+
+
+class TestRedisOutage:
+    async def test_operator_retries_and_assigns_once_redis_is_back(self, kube, monkeypatch):
+        """Redis goes away (and comes back empty, no persistence); a session created meanwhile is assigned."""
+        server = RedisServer()
+        monkeypatch.setenv("VIVANT_REDIS_URL", server.url)
+        try:
+            async with Fleet(kube, server.url) as fleet, operator():
+                await create(kube, WP, pool_body(min_idle=1, max_workers=2, fused=False))
+                await wait_for("a warm worker", lambda: fleet.alive)
+                server.stop()
+                await create(kube, CS, session_body("ada"))
+                await asyncio.sleep(2.0)
+                assert phase(kube, "ada") in (None, "Pending"), obj(kube, RES_CS, "ada")
+                server.start()
+                await wait_for("ada Streaming after the outage", lambda: phase(kube, "ada") == "Streaming", timeout=40)
+                assert [a.session_id for a in fleet.assignments] == [f"{NS}/ada"], fleet.assignments
+        finally:
+            server.stop()
