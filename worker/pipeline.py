@@ -174,6 +174,7 @@ class StreamPipeline:
         self.decoder.start()
         playout.start()
         t_first = None
+        errors: list[BaseException] = []
         try:
             for n in range(chunks):
                 if self._playout_error is not None:
@@ -200,17 +201,24 @@ class StreamPipeline:
                                                 {"audio_taken": t_taken, "diffused": t_diffused}))
                 if self.metrics is not None:
                     self.metrics.observe_chunk("diffuse", self.diffuse_ms[-1] / 1e3)
-        finally:
+        except BaseException as exc:  # noqa: BLE001 (re-raised below, after the threads are stopped)
+            errors.append(exc)
+        try:
+            self.decoder.close()
+        except RuntimeError as exc:
+            errors.append(exc)
+        self.pacer.close_input()
+        playout.join()
+        for sink in self.sinks:  # close every sink even after a failure, so files are finalised
             try:
-                self.decoder.close()
-            finally:
-                self.pacer.close_input()
-                playout.join()
-        t_produced = max((t.get("decoded", 0.0) for t in self._chunk_times.values()), default=t_first or 0.0)
+                sink.close()
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
         if self._playout_error is not None:
             raise RuntimeError(f"playout failed: {self._playout_error!r}") from self._playout_error
-        for sink in self.sinks:
-            sink.close()
+        if errors:
+            raise errors[0]
+        t_produced = max((t.get("decoded", 0.0) for t in self._chunk_times.values()), default=t_first or 0.0)
         return self._report(chunks, (t_produced - t_first) if t_first is not None else 0.0)
 
     # ---- decoder thread -----------------------------------------------------------------------------
@@ -229,6 +237,8 @@ class StreamPipeline:
                 self.pacer.push(chunk)
                 break
             except PacerFull:
+                if self._playout_error is not None:
+                    raise RuntimeError("playout stopped; the pacer will not drain") from self._playout_error
                 self.pacer.wait_for_space(0.25)
         self.push_wait_ms.append((time.perf_counter() - t) * 1e3)
         if self.metrics is not None:

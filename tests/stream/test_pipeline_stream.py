@@ -141,3 +141,19 @@ def test_decoder_stage_rejects_wrong_latent_shape_naming_both():
     stage = DecoderStage(build_vae_decoder(LOOP_VAE), lambda chunk: None)
     with pytest.raises(LatentShapeError, match=r"expected shape \[16, 8, 12\].*got \[16, 44, 68\]"):
         stage.submit(LatentChunk(0, torch.zeros(16, 44, 68), np.zeros(2666, np.float32)))
+
+
+class BrokenSink(CollectingSink):
+    def write(self, frame) -> None:
+        if frame.slot == 10:
+            raise OSError("network sink went away")
+        super().write(frame)
+
+
+def test_sink_failure_stops_the_loop_and_still_closes_every_sink():
+    good, broken = CollectingSink(), BrokenSink()
+    pipe = StreamPipeline(ChunkGenerator(CFG, seed=0), build_vae_decoder(LOOP_VAE), [good, broken])
+    with pytest.raises(RuntimeError, match="playout failed: OSError\\('network sink went away'\\)"):
+        pipe.run(30)
+    assert good.closed and broken.closed, "sinks must be closed (files finalised) after a failure"
+    assert len(broken.frames) == 10
