@@ -48,3 +48,11 @@ def test_bench_decode_prints_json_with_decode_and_two_stage_timings(capsys):
     assert len(two["intervals_ms"]) == 3 and two["serial_ms_per_chunk"] > 0 and two["pipelined_ms_per_chunk"] > 0
     for ds, de, ks, ke in two["intervals_ms"]:
         assert ds <= de <= ks <= ke, "a chunk is decoded after it is diffused"
+
+
+def test_demo_without_espeak_ng_fails_with_a_clear_error(tmp_path, monkeypatch):
+    import vivant.worker.demo as demo
+
+    monkeypatch.setattr(demo.shutil, "which", lambda name: None)
+    with pytest.raises(SystemExit, match="espeak-ng not found; install it .* or pass --wav FILE"):
+        main(["demo", "--seconds", "1", "--out", str(tmp_path / "x.mp4")])
