@@ -166,6 +166,12 @@ def pool_apply(spec, meta, status, namespace, name, uid, patch, memo, retry, **_
     patch.status.update({**flag_patch, "observedGeneration": int(meta.get("generation") or 1)})
 
 
+@kopf.on.delete(*POOLS, optional=True)
+def pool_deleted(namespace, name, memo, **_: Any) -> None:
+    """The StatefulSet, Service and PDB go with the pool (ownerReferences); drop its metric series."""
+    memo.metrics.pool_deleted(r.pool_key(namespace, name))
+
+
 @kopf.timer(*POOLS, interval=POOL_TICK_S, initial_delay=POOL_TICK_S)
 def pool_tick(body, spec, meta, status, namespace, name, patch, memo, session_phases: kopf.Index, **_: Any) -> None:
     parsed = _pool(spec, name, patch)

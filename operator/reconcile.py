@@ -133,9 +133,11 @@ def assign_session(
         token=token, max_duration_s=float(spec.max_duration_seconds), flag_overrides=overrides,
     ))
     msg = f"assigned to worker {worker}"
+    info = registry.workers(pool).get(worker)
     patch = b.session_phase_patch(
         status, r.SessionPhase.ASSIGNED, "WorkerAssigned", msg, now=now,
-        worker=worker, assigned_at=b.now_iso(now), token_secret=b.token_secret_name(ref.name),
+        worker=worker, node=(info.node or None) if info else None,
+        assigned_at=b.now_iso(now), token_secret=b.token_secret_name(ref.name),
     )
     return Outcome(status=patch, events=[("Normal", "WorkerAssigned", msg)],
                    assigned_after_s=max(0.0, (now - ref.created).total_seconds()))

@@ -25,6 +25,7 @@ from typing import Any  # noqa: E402
 
 import kmock  # noqa: E402
 import kubernetes  # noqa: E402
+import prometheus_client  # noqa: E402
 import pytest  # noqa: E402
 from conftest import RedisServer  # noqa: E402
 from kopf.testing import KopfRunner  # noqa: E402
@@ -259,6 +260,12 @@ class TestSessionLifecycle:
             pool = await wait_for("pool status busy=1", lambda: (obj(kube, RES_WP, "h200").get("status", {}).get("busy") == 1)
                                   and obj(kube, RES_WP, "h200")["status"])
             assert pool["flags"] == {"fusedGemmAllReduce": True}, pool
+
+            metric = prometheus_client.REGISTRY.get_sample_value
+            assert metric("vivant_operator_pool_workers", {"pool": "default/h200", "state": "busy"}) == 1
+            assert metric("vivant_operator_assignment_latency_seconds_count", {"pool": "default/h200"}) >= 1
+            await wait_for("sessions gauge: 1 Streaming", lambda: metric(
+                "vivant_operator_sessions", {"namespace": NS, "pool": "default/h200", "phase": "Streaming"}) == 1)
 
             await delete(kube, f"{CS}/ada")
             await wait_for("the session to be gone (finalizer released)", lambda: obj(kube, RES_CS, "ada") is None)

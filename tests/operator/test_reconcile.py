@@ -43,7 +43,7 @@ def registry(redis_url):
 def add_workers(reg: Registry, n: int, start: int = 0) -> list[str]:
     ids = [f"{POOL_NAME}-{i}" for i in range(start, start + n)]
     for w in ids:
-        reg.register(WorkerInfo(worker_id=w, pool=POOL, warm=True))
+        reg.register(WorkerInfo(worker_id=w, pool=POOL, warm=True, node=f"gpu-node-{w[-1]}"))
     return ids
 
 
@@ -74,6 +74,7 @@ class TestAssignment:
         out = assign(registry, secrets=secrets)
         assert out.status["phase"] == "Assigned", out.status
         worker = out.status["worker"]
+        assert out.status["node"] == f"gpu-node-{worker[-1]}", out.status
         assert registry.worker_of("default/ada") == worker
         token = secrets[0]["stringData"]["token"]
         assert secrets[0]["metadata"]["ownerReferences"][0]["uid"] == "uid-ada"
