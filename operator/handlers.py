@@ -86,6 +86,7 @@ def session_assign(body, spec, meta, status, namespace, name, uid, patch, memo, 
         out = reconcile.assign_session(
             ref, parsed, dict(status), registry=memo.registry, credentials=cfg.livekit, apply_secret=kube.apply,
             timeouts=cfg.timeouts, now=datetime.now(tz=UTC), token_ttl=cfg.token_ttl,
+            read_token=lambda secret: kube.read_secret_token(namespace, secret),
         )
     except (RegistryUnavailable, kube.ApiException) as exc:
         raise _retry(r.SESSION_KIND, memo, retry, exc) from None

@@ -7,6 +7,7 @@ its thread pool. Quantities in bodies are strings (`kubernetes` 37 validates bod
 
 from __future__ import annotations
 
+import base64
 import os
 from typing import Any
 
@@ -61,3 +62,18 @@ def statefulset_replicas(namespace: str, name: str) -> int | None:
 
 def scale_statefulset(namespace: str, name: str, replicas: int) -> None:
     kubernetes.client.AppsV1Api().patch_namespaced_stateful_set(name, namespace, {"spec": {"replicas": replicas}})
+
+
+def read_secret_token(namespace: str, name: str, key: str = "token") -> str | None:
+    """The value under `key` of a Secret, or None if the Secret or the key does not exist."""
+    try:
+        secret = kubernetes.client.CoreV1Api().read_namespaced_secret(name, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    if secret.data and key in secret.data:
+        return base64.b64decode(secret.data[key]).decode()
+    if secret.string_data and key in secret.string_data:  # only seen before the API server folds it into data
+        return secret.string_data[key]
+    return None

@@ -105,27 +105,44 @@ def assign_session(
     timeouts: Timeouts,
     now: datetime,
     token_ttl: timedelta = timedelta(minutes=10),
+    read_token: Callable[[str], str | None] | None = None,
 ) -> Outcome:
-    """Pending -> Assigned: lease an idle worker, mint the token into a Secret, send the assignment."""
+    """Pending -> Assigned: lease an idle worker, mint the token into a Secret, send the assignment.
+
+    With `spec.livekit.tokenSecret` the caller supplied the token (session API path): it is read with
+    `read_token(secret_name)` (None = Secret or key missing) before any worker is claimed, and the
+    operator writes no Secret of its own.
+    """
     if status.get("phase") not in (None, r.SessionPhase.PENDING.value) or status.get("worker"):
         return Outcome()
     pool = r.pool_key(ref.namespace, spec.pool)
-    worker = registry.claim_idle_worker(pool, ref.session_id)
-    if worker is None:
-        waited = (now - ref.created).total_seconds()
+    waited = (now - ref.created).total_seconds()
+
+    def wait(reason: str, msg: str) -> Outcome:
         if waited > timeouts.pending_s:
-            msg = f"no idle worker in pool {spec.pool} for {waited:.0f}s (limit {timeouts.pending_s:.0f}s)"
-            return Outcome(status=b.session_phase_patch(status, r.SessionPhase.FAILED, "NoIdleWorker", msg, now=now),
-                           events=[("Warning", "NoIdleWorker", msg)])
-        msg = f"waiting for an idle worker in pool {spec.pool}"
-        patch = b.session_phase_patch(status, r.SessionPhase.PENDING, "WaitingForWorker", msg, now=now)
+            msg = f"{msg} for {waited:.0f}s (limit {timeouts.pending_s:.0f}s)"
+            return Outcome(status=b.session_phase_patch(status, r.SessionPhase.FAILED, reason, msg, now=now),
+                           events=[("Warning", reason, msg)])
+        patch = b.session_phase_patch(status, r.SessionPhase.PENDING, reason, msg, now=now)
         return Outcome(status=patch if status.get("message") != msg else {}, retry_s=2.0)
 
-    token = mint_worker_token(
-        credentials, room=spec.livekit.room, identity=avatar_identity(ref.name),
-        agent_identity=spec.livekit.agent_identity, ttl=token_ttl,
-    )
-    apply_secret(b.build_token_secret(ref.name, ref.namespace, ref.owner(), token))
+    supplied = getattr(spec.livekit, "token_secret", None)
+    token = None
+    if supplied:
+        token = read_token(supplied) if read_token is not None else None
+        if not token:
+            return wait("TokenSecretMissing", f"Secret {supplied} with key 'token' (spec.livekit.tokenSecret) not found")
+    worker = registry.claim_idle_worker(pool, ref.session_id)
+    if worker is None:
+        return wait("NoIdleWorker" if waited > timeouts.pending_s else "WaitingForWorker",
+                    f"waiting for an idle worker in pool {spec.pool}")
+
+    if token is None:
+        token = mint_worker_token(
+            credentials, room=spec.livekit.room, identity=avatar_identity(ref.name),
+            agent_identity=spec.livekit.agent_identity, ttl=token_ttl,
+        )
+        apply_secret(b.build_token_secret(ref.name, ref.namespace, ref.owner(), token))
     overrides = spec.flags.model_dump(by_alias=True, exclude_none=True) if spec.flags else {}
     registry.send_assignment(worker, Assignment(
         session_id=ref.session_id, namespace=ref.namespace, pool=pool, character=spec.character,
@@ -137,7 +154,7 @@ def assign_session(
     patch = b.session_phase_patch(
         status, r.SessionPhase.ASSIGNED, "WorkerAssigned", msg, now=now,
         worker=worker, node=(info.node or None) if info else None,
-        assigned_at=b.now_iso(now), token_secret=b.token_secret_name(ref.name),
+        assigned_at=b.now_iso(now), token_secret=supplied or b.token_secret_name(ref.name),
     )
     return Outcome(status=patch, events=[("Normal", "WorkerAssigned", msg)],
                    assigned_after_s=max(0.0, (now - ref.created).total_seconds()))
