@@ -111,6 +111,10 @@ class StreamReport:
             trace = " ".join(f"{t:.1f}s:{d}" for t, d in self.buffer_depth[::step])
             lines.append(f"  buffer depth (chunks) min {min(depths)} max {max(depths)}; over time: {trace}")
         for t in self.turns:
+            if t["published_ms"] is None:
+                lines.append(f"  turn {t['turn']}: first sample in → diffused {t['diffused_ms']} ms; never published "
+                             f"(its chunk {t['chunk_index']} was discarded by an interrupt or the stream ended)")
+                continue
             lines.append(
                 f"  turn {t['turn']}: first sample in → diffused {t['diffused_ms']} ms → decoded {t['decoded_ms']} ms "
                 f"→ first frame published {t['published_ms']} ms (chunk {t['chunk_index']}, frame {t['first_frame']})"
