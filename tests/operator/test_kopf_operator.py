@@ -404,3 +404,18 @@ class TestRedisOutage:
                 assert [a.session_id for a in fleet.assignments] == [f"{NS}/ada"], fleet.assignments
         finally:
             server.stop()
+
+
+class TestBadSpec:
+    async def test_malformed_session_is_marked_failed_naming_the_field(self, kube, redis_url):
+        """kmock validates nothing (a CRD installed by hand may be older): the operator's own check answers."""
+        async with Fleet(kube, redis_url) as fleet, operator():
+            await create(kube, WP, pool_body())
+            await wait_for("a warm worker", lambda: fleet.alive)
+            bad = session_body("typo")
+            bad["spec"]["maxDurationSeconds"] = "ten minutes"
+            await create(kube, CS, bad)
+            await wait_for("session Failed", lambda: phase(kube, "typo") == "Failed")
+            status = obj(kube, RES_CS, "typo")["status"]
+            assert "maxDurationSeconds" in status["message"] and status["conditions"][0]["reason"] == "InvalidSpec", status
+            assert fleet.assignments == [] and fleet.registry.idle_workers(fleet.pool) == ["h200-0"]
