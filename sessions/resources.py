@@ -130,6 +130,11 @@ class LiveKitTarget(_Model):
     agent_identity: Annotated[str, Field(min_length=1, max_length=128, pattern=IDENTIFIER)] = Field(
         description="Identity of the voice agent the avatar publishes on behalf of."
     )
+    token_secret: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_LABEL)] | None = Field(
+        default=None,
+        description="Optional: name of a Secret (same namespace) whose key `token` holds a LiveKit token the "
+        "caller minted for the avatar (session API path). Unset: the operator mints the worker's token.",
+    )
 
 
 class CharacterSessionSpec(_Model):
