@@ -27,7 +27,7 @@ help:
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH_CPU)" numpy
+	$(PIP) install -q "$(TORCH_CPU)" "numpy<2.4"
 	$(PIP) install -q "$(TRITON)"
 	$(PIP) install -q -e '.[dev]'
 	$(MAKE) --no-print-directory helm

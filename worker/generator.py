@@ -48,7 +48,10 @@ class ChunkGenerator:
             model = init_random_(VideoDiT(cfg), seed=seed)
             if weights is not None:
                 load_weights(model, weights)
-        self.model = model.to(device=self.device, dtype=dtype).eval()
+        if isinstance(model, VideoDiT):
+            model = model.to(device=self.device, dtype=dtype).eval()
+        self.model = model  # a VideoDiT, or an engine with the same call signature (worker/fast_dit.py)
+        self.cache: KVCache | None = None
         self.layout = RingLayout(cfg.sink_tokens, cfg.tokens_per_chunk, cfg.window_chunks)
         self.featurize = AudioFeaturizer(sample_rate=cfg.audio_sample_rate, tokens=max(cfg.audio_tokens, 1),
                                          features=cfg.audio_feature_dim,
@@ -57,13 +60,16 @@ class ChunkGenerator:
 
     @property
     def local_heads(self) -> int:
-        return self.model.blocks[0].attn.local_heads
+        return getattr(self.model, "local_heads", None) or self.model.blocks[0].attn.local_heads
 
     def reset_session(self, seed: int = 0) -> None:
         cfg = self.cfg
         self.seed = seed
         self.chunk = 0
         self.frame = PositionFrame(cfg.t_limit, cfg.window_chunks)
+        if self.cache is not None:  # a warm worker keeps its preallocated cache across sessions
+            self.cache.clear()
+            return
         self.cache = KVCache(layers=cfg.n_layers, heads=self.local_heads, head_dim=cfg.head_dim, layout=self.layout,
                              rope_dims=cfg.rope_dims, rope_theta=cfg.rope_theta, mode=self.mode, fp8=self.fp8,
                              device=self.device, kernel_backend=self.kernel_backend)

@@ -82,6 +82,20 @@ class KVCache:
             self._pending = _BaselineChunk(chunk=-1, k=[None] * layers, v=[None] * layers)
         self._offset_chunks = 0  # position frame offset, mirrored for baseline positions
 
+    def clear(self) -> None:
+        """Forget the session (a warm worker reuses the preallocated ring; CUDA graphs keep its addresses)."""
+        self.state = None
+        self._offset_chunks = 0
+        if self.mode == "optimized":
+            for t in (self.k, self.v):
+                t.zero_()
+            self.k_scale.fill_(1.0)
+            self.v_scale.fill_(1.0)
+        else:
+            self._chunks = []
+            self._sink_k = [None] * self.layers
+            self._sink_v = [None] * self.layers
+
     # ---- chunk boundaries --------------------------------------------------------------------------
     def begin_chunk(self, state: StepState) -> None:
         self.state = state
@@ -117,10 +131,11 @@ class KVCache:
             keys, values, mask = self._ring_read(layer, k, v, st)
         else:
             keys, values, mask = self._baseline_read(layer, k, v, st)
+        dt = q.dtype  # attention runs in the model's dtype (float32 on CPU, bf16 on GPUs)
         out = F.scaled_dot_product_attention(
-            q_rot.transpose(0, 1).unsqueeze(0).float(),
-            keys.transpose(0, 1).unsqueeze(0),
-            values.transpose(0, 1).unsqueeze(0),
+            q_rot.transpose(0, 1).unsqueeze(0).to(dt),
+            keys.transpose(0, 1).unsqueeze(0).to(dt),
+            values.transpose(0, 1).unsqueeze(0).to(dt),
             attn_mask=mask,
         )
         return out.squeeze(0).transpose(0, 1).to(q.dtype)

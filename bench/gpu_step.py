@@ -1,0 +1,265 @@
+"""The DiT chunk step on one GPU at the 57b shapes: baseline vs optimized, same process, same weights.
+
+`vivant bench step --preset 57b --tp 4 --rank 0 --device cuda --json` builds one tensor-parallel rank's
+exact shard (16 heads; QKV N=6144, O K=2048, gate+up N=13824, down K=6912) with random bf16 weights on
+the GPU; the all-reduce after O and down is replaced by its one-GPU stand-in and timed separately.
+
+  baseline   the original step: bf16 GEMMs, eager, per-call whole-cache work (concatenate the cache
+             with the new tokens, rotate every cached key, quantize the whole K/V set), SDPA attention.
+  optimized  FP8 GEMMs (cuBLASLt rowwise), activation quantization fused into norm/modulation and
+             SwiGLU, RoPE+FP8+ring write at write time, attention reading the FP8 ring, CUDA graph
+             per pass (worker/fast_dit.py).
+
+Breakdown: each component is timed alone with CUDA events (median of do_bench) at its exact shapes and
+multiplied by its count per chunk (60 layers × 4 passes); "other" is the measured chunk time minus the
+sum. FLOPs count the four GEMMs (2·M·N·K each) per layer and pass. The FP8 ceiling is the measured
+median rate of `torch._scaled_mm` rowwise at the same four shapes.
+`--tp 1` builds the whole model layer by layer in FP8 (≈57 GB) and times the optimized path only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import numpy as np
+import torch
+from vivant.kernels.fp8_gemm import fp8_linear, quantize_weight
+from vivant.kernels.fused_quant import ln_mod_quant, quant_rows, swiglu_quant
+from vivant.kernels.qk_norm_rope import qk_norm_rope
+from vivant.kernels.ring_attention import ring_attention
+from vivant.worker.config import ModelConfig
+from vivant.worker.fast_dit import FastDiT
+from vivant.worker.generator import ChunkGenerator
+from vivant.worker.model import VideoDiT
+from vivant.worker.tp import apply_tensor_parallel, local_shapes
+
+
+def _bench(fn, rep_ms=200) -> float:
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
+
+
+@torch.no_grad()
+def _init_(module: torch.nn.Module, gen: torch.Generator) -> None:
+    for name, p in module.named_parameters(recurse=True):
+        if p.numel() == 0:
+            continue
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        elif name.endswith("mod_table"):
+            p.normal_(0.0, 0.1, generator=gen)
+        elif p.dim() == 1:
+            p.zero_()
+        else:
+            p.normal_(0.0, 1.0 / math.sqrt(p.shape[1]), generator=gen)
+
+
+def build_rank(cfg: ModelConfig, tp: int, rank: int, *, keep_bf16: bool, seed: int = 0):
+    """One rank's shard, materialized block by block on the GPU (never the full model in bf16)."""
+    dev = torch.device("cuda")
+    with torch.device("meta"):
+        model = VideoDiT(cfg)
+    # The all-reduce is left out of the step (identity) and reported on its own line: one GPU cannot time
+    # a 4-GPU NVLink reduction, and a local stand-in would only measure this GPU's memory traffic.
+    model = apply_tensor_parallel(model, rank, tp, reduce="none") if tp > 1 else model
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    for name, mod in model.named_children():
+        if name != "blocks":
+            mod.to_empty(device=dev)
+            mod.to(torch.bfloat16)
+            _init_(mod, gen)
+    for p_name in ("audio_pos",):
+        setattr(model, p_name, torch.nn.Parameter(torch.empty_like(getattr(model, p_name), device=dev, dtype=torch.bfloat16)))
+        getattr(model, p_name).data.normal_(0, 0.02, generator=gen)
+    fast_w = []
+    for blk in model.blocks:
+        blk.to_empty(device=dev)
+        blk.to(torch.bfloat16)
+        _init_(blk, gen)
+        if not keep_bf16:
+            packed = []
+            for lin in (blk.attn.qkv, blk.attn.o, blk.mlp.gate_up, blk.mlp.down):
+                packed.append(quantize_weight(lin.weight.data))
+                lin.weight = torch.nn.Parameter(torch.empty(0, device=dev, dtype=torch.bfloat16), requires_grad=False)
+            fast_w.append(packed)
+    model.eval()
+    return model, fast_w
+
+
+def gemm_ceiling(cfg, tp) -> dict:
+    m = cfg.tokens_per_chunk
+    out, total_ms, flops = {}, 0.0, 0.0
+    for name, (n, k) in local_shapes(cfg, tp).items():
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / math.sqrt(k)
+        a8, sa = quant_rows(a)
+        w8, sw = quantize_weight(w)
+        ms8 = _bench(lambda a8=a8, sa=sa, w8=w8, sw=sw: fp8_linear(a8, sa, w8, sw))
+        ms16 = _bench(lambda a=a, w=w: a @ w.t())
+        f = 2.0 * m * n * k
+        out[name] = {"N": n, "K": k, "fp8_ms": ms8, "bf16_ms": ms16, "fp8_tflops": f / ms8 / 1e9, "bf16_tflops": f / ms16 / 1e9}
+        total_ms += ms8
+        flops += f
+    out["fp8_ms_per_layer_pass"] = total_ms
+    out["fp8_ceiling_tflops"] = flops / total_ms / 1e9
+    out["bf16_ms_per_layer_pass"] = sum(v["bf16_ms"] for v in out.values() if isinstance(v, dict))
+    out["flops_per_layer_pass"] = flops
+    return out
+
+
+def component_times(cfg, tp) -> dict:
+    """Per-call medians of the non-GEMM pieces at the exact shapes (ms)."""
+    n, h, d, S = cfg.tokens_per_chunk, cfg.shard_heads(tp), cfg.head_dim, cfg.cache_slots
+    dm, f = cfg.d_model, cfg.d_ff // tp
+    dev, bf = "cuda", torch.bfloat16
+    x = torch.randn(n, dm, device=dev, dtype=bf)
+    sh, sc = torch.randn(dm, device=dev, dtype=bf) * 0.1, torch.randn(dm, device=dev, dtype=bf) * 0.1
+    gu = torch.randn(n, 2 * f, device=dev, dtype=bf)
+    att = torch.randn(n, h * d, device=dev, dtype=bf)
+    q = torch.randn(n, h, d, device=dev, dtype=bf)
+    kf = torch.randn(S, h, d, device=dev, dtype=bf)
+    from vivant.kernels.fp8 import quantize_rows_ref
+    from vivant.kernels.rope import apply_rope_ref
+
+    k8, ks = quantize_rows_ref(kf.float())
+    v8, vs = quantize_rows_ref(torch.randn(S, h, d, device=dev).float())
+    valid = torch.ones(S, dtype=torch.bool, device=dev)
+    qkv = torch.randn(n, 3 * h * d, device=dev, dtype=bf)
+    w_d = torch.ones(d, device=dev, dtype=bf)
+    cos, sin = torch.rand(n, d // 2, device=dev), torch.rand(n, d // 2, device=dev)
+    pos = torch.randint(0, 30, (S, 3), device=dev)
+    res = {
+        "ln_mod_quant": _bench(lambda: ln_mod_quant(x, sh, sc)),
+        "swiglu_quant": _bench(lambda: swiglu_quant(gu)),
+        "quant_rows_o": _bench(lambda: quant_rows(att)),
+        "qk_norm_rope": _bench(lambda: qk_norm_rope(qkv, w_d, w_d, cos, sin, h)),
+        "attn_triton_fp8_ring": _bench(lambda: ring_attention(q, k8, v8, ks, vs, valid, backend="triton")),
+        "attn_sdpa_dequant": _bench(lambda: ring_attention(q, k8, v8, ks, vs, valid, backend="sdpa", all_valid=True)),
+        "attn_sdpa_bf16": _bench(lambda: torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], kf.transpose(0, 1)[None], kf.transpose(0, 1)[None])),
+        "baseline_cache_work": _bench(lambda: quantize_rows_ref(apply_rope_ref(torch.cat([kf, q]).float(), torch.cat([pos, pos[:n]]), cfg.rope_dims))),
+    }
+    return res
+
+
+def _audio(cfg, n):
+    a, b = cfg.chunk_sample_range(n)
+    return (0.3 * np.sin(np.arange(a, b) * 2 * np.pi * 220 / cfg.audio_sample_rate)).astype(np.float32)
+
+
+def time_chunks(gen: ChunkGenerator, cfg, warmup: int, chunks: int):
+    times, lat = [], []
+    for n in range(warmup + chunks):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        audio = _audio(cfg, n)
+        start.record()
+        out = gen.generate_chunk(audio, cfg.audio_sample_rate)
+        end.record()
+        torch.cuda.synchronize()
+        if n >= warmup:
+            times.append(start.elapsed_time(end))
+        lat.append(out.latents.cpu())
+    return times, lat
+
+
+def run(args) -> int:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    cfg = ModelConfig.from_name(args.preset)
+    tp, rank = args.tp, args.rank
+    props = torch.cuda.get_device_properties(0)
+    import triton
+
+    result = {"bench": "step", "preset": cfg.name, "tp": tp, "rank": rank, "gpus": 1, "gpu": props.name,
+              "torch": torch.__version__, "triton": triton.__version__, "date": time.strftime("%Y-%m-%d"),
+              "chunks": args.chunks, "passes": cfg.passes, "layers": cfg.n_layers,
+              "attn_calls_per_chunk": cfg.n_layers * cfg.passes, "attn_backend": args.attn_backend}
+    ceil = gemm_ceiling(cfg, tp)
+    comp = component_times(cfg, tp)
+    result["gemm_ceiling"] = ceil
+    result["components_ms_per_call"] = comp
+    calls = cfg.n_layers * cfg.passes
+    if args.attn_backend == "auto":  # the fastest correct backend at these shapes, measured above
+        args.attn_backend = "triton" if comp["attn_triton_fp8_ring"] <= comp["attn_sdpa_dequant"] else "sdpa"
+        result["attn_backend"] = args.attn_backend
+    flops_chunk = ceil["flops_per_layer_pass"] * calls
+    keep_bf16 = tp > 1
+    model, fast_w = build_rank(cfg, tp, rank, keep_bf16=keep_bf16, seed=args.seed)
+    fast = FastDiT.__new__(FastDiT)
+    if keep_bf16:
+        fast.__init__(model, attn_backend=args.attn_backend, use_graphs=not args.no_graphs)
+    else:
+        fast.m, fast.cfg, fast.attn_backend, fast.use_graphs = model, cfg, args.attn_backend, not args.no_graphs
+        fast.device, fast.w, fast.local_heads = torch.device("cuda"), fast_w, cfg.shard_heads(tp)
+        fast._graphs, fast._static, fast.graph_replays, fast.eager_calls = {}, None, 0, 0
+    result["weights_gb"] = torch.cuda.memory_allocated() / 1e9
+    opt = ChunkGenerator(cfg, mode="optimized", device="cuda", dtype=torch.bfloat16, model=fast, seed=args.seed)
+    t_opt, lat_opt = time_chunks(opt, cfg, args.warmup, args.chunks)
+    result["optimized_ms"] = float(np.median(t_opt))
+    result["optimized_p99_ms"] = float(np.percentile(t_opt, 99))
+    result["optimized_per_chunk_ms"] = [round(t, 3) for t in t_opt]
+    result["graph_replays"] = fast.graph_replays
+    result["fp8_tflops"] = flops_chunk / result["optimized_ms"] / 1e9
+    result["pct_fp8_ceiling"] = 100.0 * result["fp8_tflops"] / ceil["fp8_ceiling_tflops"]
+    o = result["optimized_ms"]
+    gem = ceil["fp8_ms_per_layer_pass"] * calls
+    att = comp["attn_triton_fp8_ring" if args.attn_backend == "triton" else "attn_sdpa_dequant"] * calls
+    elem = (2 * comp["ln_mod_quant"] + comp["swiglu_quant"] + comp["quant_rows_o"] + comp["qk_norm_rope"]) * calls
+    # NVLink estimate for the two all-reduces per layer-pass (757×8192 bf16 = 12.4 MB each), reported apart:
+    # ring all-reduce moves 2·(W−1)/W of the buffer per GPU; at ~360 GB/s achieved bus bandwidth per GPU.
+    ar_bytes = cfg.tokens_per_chunk * cfg.d_model * 2
+    ar_ms = 2 * (tp - 1) / tp * ar_bytes / 360e9 * 1e3 if tp > 1 else 0.0
+    result["allreduce_estimate_ms_per_chunk"] = 2 * ar_ms * calls
+    result["allreduce_note"] = ("not in optimized_ms/baseline_ms: estimated from bytes at 360 GB/s NVLink bus "
+                                "bandwidth; measured on several GPUs by the multi-GPU issue")
+    result["optimized_breakdown_ms"] = {"gemms": gem, "attention": att, "fused_quant_elementwise": elem,
+                                        "other": o - gem - att - elem}
+    if keep_bf16 and args.mode in ("both", "baseline"):
+        base = ChunkGenerator(cfg, mode="baseline", device="cuda", dtype=torch.bfloat16, model=model, seed=args.seed)
+        t_base, lat_base = time_chunks(base, cfg, args.warmup, args.chunks)
+        result["baseline_ms"] = float(np.median(t_base))
+        result["baseline_p99_ms"] = float(np.percentile(t_base, 99))
+        result["baseline_per_chunk_ms"] = [round(t, 3) for t in t_base]
+        result["speedup"] = result["baseline_ms"] / result["optimized_ms"]
+        b = result["baseline_ms"]
+        bgem = ceil["bf16_ms_per_layer_pass"] * calls
+        batt = comp["attn_sdpa_bf16"] * calls
+        bcache = comp["baseline_cache_work"] * calls
+        result["baseline_breakdown_ms"] = {"gemms": bgem, "attention": batt, "cache_work": bcache,
+                                           "other": b - bgem - batt - bcache}
+        errs = [float((a - bb).norm() / bb.norm()) for a, bb in zip(lat_opt, lat_base, strict=True)]
+        result["rel_rms_per_chunk"] = [round(e, 6) for e in errs]
+        result["max_rel_rms"] = max(errs)
+        if args.numerics_chunks:
+            ncfg = ModelConfig.from_name(args.preset, t_limit=args.numerics_t_limit)
+            fast2 = FastDiT(model, attn_backend=args.attn_backend, use_graphs=not args.no_graphs)
+            with torch.no_grad():  # the baseline then runs on exactly the weights the FP8 path holds
+                for blk, packed in zip(model.blocks, fast2.w, strict=True):
+                    for lin, (w8, sw) in zip((blk.attn.qkv, blk.attn.o, blk.mlp.gate_up, blk.mlp.down), packed, strict=True):
+                        lin.weight.copy_((w8.float() * sw[:, None]).to(lin.weight.dtype))
+            g_o = ChunkGenerator(ncfg, mode="optimized", device="cuda", dtype=torch.bfloat16, model=fast2, seed=7)
+            g_b = ChunkGenerator(ncfg, mode="baseline", device="cuda", dtype=torch.bfloat16, model=model, seed=7)
+            errs, resets = [], 0
+            for n in range(args.numerics_chunks):
+                a = _audio(ncfg, n)
+                oo, ob = g_o.generate_chunk(a, ncfg.audio_sample_rate), g_b.generate_chunk(a, ncfg.audio_sample_rate)
+                resets += oo.reset
+                errs.append(float((oo.latents - ob.latents).norm() / ob.latents.norm()))
+            q = len(errs) // 4
+            result["numerics"] = {"chunks": len(errs), "t_limit": args.numerics_t_limit, "resets": resets,
+                                  "max_rel_rms": max(errs), "first_quarter_max": max(errs[:q]),
+                                  "last_quarter_max": max(errs[-q:]), "rel_rms_per_chunk": [round(e, 6) for e in errs]}
+    text = json.dumps(result, indent=2)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    if args.json:
+        print(text)
+    else:
+        print(f"{cfg.name} tp={tp} rank={rank} on {props.name}")
+        for k in ("baseline_ms", "optimized_ms", "speedup", "fp8_tflops", "pct_fp8_ceiling", "max_rel_rms"):
+            if k in result:
+                print(f"  {k:<18} {result[k]:.3f}")
+    return 0

@@ -1,0 +1,51 @@
+"""FP8 e4m3 GEMM with rowwise scales: y[M, N] = (a[M, K]·sa[M]) @ (w[N, K]·sw[N])ᵀ, bf16 out.
+
+Fast path: `torch._scaled_mm` (cuBLASLt, Hopper FP8 tensor cores) with a row-major, w passed as its
+column-major transpose, scale_a [M, 1], scale_b [1, N]. Reference: float32 matmul of the dequantized
+operands (`fp8_linear_ref`). Weights are quantized once at load (`quantize_weight`: one scale per output
+channel); activations per token by the fused kernels in vivant.kernels.fused_quant.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from vivant.kernels.fp8 import quantize_rows_ref
+
+log = logging.getLogger(__name__)
+_warned: set[str] = set()
+
+
+def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] (any float dtype) → (fp8 [N, K], float32 [N]) with one scale per output channel."""
+    return quantize_rows_ref(w.float()) if w.device.type == "cpu" else _quantize_weight_cuda(w)
+
+
+def _quantize_weight_cuda(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # chunked so a 13824×8192 weight does not need a float32 copy of itself at once
+    q = torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=w.device)
+    s = torch.empty(w.shape[0], dtype=torch.float32, device=w.device)
+    for i in range(0, w.shape[0], 2048):
+        q[i:i + 2048], s[i:i + 2048] = quantize_rows_ref(w[i:i + 2048].float())
+    return q, s
+
+
+def fp8_linear_ref(a: torch.Tensor, sa: torch.Tensor, w: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
+    return (a.float() * sa.float()[:, None]) @ (w.float() * sw.float()[:, None]).t()
+
+
+def fp8_linear(a: torch.Tensor, sa: torch.Tensor, w: torch.Tensor, sw: torch.Tensor, *,
+               out_dtype: torch.dtype = torch.bfloat16, backend: str = "auto") -> torch.Tensor:
+    """a fp8 [M, K], sa f32 [M]; w fp8 [N, K], sw f32 [N] → [M, N] out_dtype."""
+    if a.shape[1] != w.shape[1]:
+        raise ValueError(f"fp8_linear: K mismatch: a {tuple(a.shape)} vs w {tuple(w.shape)}")
+    use_fast = backend in ("auto", "cublas") and a.is_cuda
+    if backend == "cublas" and not a.is_cuda:
+        raise RuntimeError("fp8_linear: backend='cublas' needs CUDA tensors")
+    if use_fast:
+        return torch._scaled_mm(a, w.t(), scale_a=sa.view(-1, 1), scale_b=sw.view(1, -1), out_dtype=out_dtype)
+    if backend == "auto" and "cpu" not in _warned:
+        _warned.add("cpu")
+        log.info("fp8_linear: using the float32 reference, not cuBLASLt: tensors are on %s", a.device.type)
+    return fp8_linear_ref(a, sa, w, sw).to(out_dtype)

@@ -1,0 +1,143 @@
+"""Activation quantization fused into the op that precedes each FP8 GEMM.
+
+One program per token row (row width K: 8192 before QKV and gate/up, 2048 before O, 6912 before
+down at the 57b TP=4 shard). Each kernel reads its bf16/fp32 inputs once, computes the row in
+float32, takes the row's absolute max, and writes FP8 e4m3 values plus one float32 scale per row —
+exactly the per-row (rowwise) activation scales `torch._scaled_mm` takes. Bytes per row: 2K in,
+K + 4 out (vs. 2K in, 2K out, then 2K in, K out for an unfused norm + quantize).
+
+  ln_mod_quant(x, shift, scale)  LayerNorm (no affine) → y·(1 + scale) + shift → FP8 rows
+  swiglu_quant(gu)               gu = [gate | up] (2F wide) → silu(gate)·up → FP8 rows
+  quant_rows(x)                  plain rowwise FP8 quantization
+
+Scales follow vivant.kernels.fp8: s = max(amax, 1e-8) / 448, q = RNE_e4m3(y / s).
+Each has a float32 torch twin (`*_ref`) and a `backend` switch ("auto" | "triton" | "torch").
+"""
+
+from __future__ import annotations
+
+import torch
+from vivant.kernels.backend import use_triton
+from vivant.kernels.fp8 import quantize_rows_ref
+
+try:
+    import triton
+    import triton.language as tl
+    from vivant.kernels.fp8 import e4m3_grid_tl
+except ImportError:  # pragma: no cover - triton is a dependency of the kernels extra
+    triton = None
+
+
+# ---- references ------------------------------------------------------------------------------------
+def ln_mod_quant_ref(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float = 1e-6):
+    xf = x.float()
+    y = torch.nn.functional.layer_norm(xf, (xf.shape[-1],), eps=eps) * (1 + scale.float()) + shift.float()
+    return quantize_rows_ref(y)
+
+
+def swiglu_quant_ref(gu: torch.Tensor):
+    gate, up = gu.float().chunk(2, dim=-1)
+    return quantize_rows_ref(torch.nn.functional.silu(gate) * up)
+
+
+def quant_rows_ref(x: torch.Tensor):
+    return quantize_rows_ref(x.float())
+
+
+# ---- Triton -------------------------------------------------------------------------------------------
+if triton is not None:
+
+    @triton.jit
+    def _store_fp8_row(q_ptr, s_ptr, row, y, offs, mask, K):
+        amax = tl.max(tl.where(mask, tl.abs(y), 0.0), axis=0)
+        s = tl.maximum(amax, 1e-8) / 448.0
+        q = e4m3_grid_tl(y / s)
+        tl.store(q_ptr + row * K + offs, q.to(tl.float8e4nv), mask=mask)
+        tl.store(s_ptr + row, s)
+
+    @triton.jit
+    def _ln_mod_quant_kernel(x_ptr, shift_ptr, scale_ptr, q_ptr, s_ptr, K, stride_x, eps, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < K
+        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+        mean = tl.sum(x, axis=0) / K
+        xc = tl.where(mask, x - mean, 0.0)
+        var = tl.sum(xc * xc, axis=0) / K
+        y = xc * (1.0 / tl.sqrt(var + eps))
+        sh = tl.load(shift_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        sc = tl.load(scale_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        y = y * (1.0 + sc) + sh
+        _store_fp8_row(q_ptr, s_ptr, row, y, offs, mask, K)
+
+    @triton.jit
+    def _swiglu_quant_kernel(gu_ptr, q_ptr, s_ptr, F, stride_gu, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < F
+        g = tl.load(gu_ptr + row * stride_gu + offs, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(gu_ptr + row * stride_gu + F + offs, mask=mask, other=0.0).to(tl.float32)
+        y = g / (1.0 + tl.exp(-g)) * u
+        _store_fp8_row(q_ptr, s_ptr, row, y, offs, mask, F)
+
+    @triton.jit
+    def _quant_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < K
+        y = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+        _store_fp8_row(q_ptr, s_ptr, row, y, offs, mask, K)
+
+
+def _warps(block: int) -> int:
+    return max(1, min(16, block // 512))
+
+
+def _check_2d(name: str, x: torch.Tensor) -> None:
+    if x.dim() != 2 or x.stride(-1) != 1:
+        raise ValueError(f"{name}: expected a 2-D tensor with contiguous rows, got shape {tuple(x.shape)} "
+                         f"strides {tuple(x.stride())}")
+
+
+def ln_mod_quant(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float = 1e-6, backend: str = "auto"):
+    """x [M, K]; shift, scale [K] → (fp8 [M, K], float32 scales [M])."""
+    _check_2d("ln_mod_quant x", x)
+    K = x.shape[1]
+    if shift.shape != (K,) or scale.shape != (K,):
+        raise ValueError(f"ln_mod_quant: shift/scale must have shape ({K},), got {tuple(shift.shape)}/{tuple(scale.shape)}")
+    if not use_triton("ln_mod_quant", backend, x.device):
+        return ln_mod_quant_ref(x, shift, scale, eps)
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+    block = triton.next_power_of_2(K)
+    _ln_mod_quant_kernel[(x.shape[0],)](x, shift.contiguous(), scale.contiguous(), q, s, K, x.stride(0), eps,
+                                        BLOCK=block, num_warps=_warps(block))
+    return q, s
+
+
+def swiglu_quant(gu: torch.Tensor, backend: str = "auto"):
+    """gu [M, 2F] = [gate | up] → (fp8 [M, F], float32 scales [M])."""
+    _check_2d("swiglu_quant gu", gu)
+    if gu.shape[1] % 2:
+        raise ValueError(f"swiglu_quant: last dim must be even ([gate | up]), got {gu.shape[1]}")
+    if not use_triton("swiglu_quant", backend, gu.device):
+        return swiglu_quant_ref(gu)
+    F = gu.shape[1] // 2
+    q = torch.empty((gu.shape[0], F), dtype=torch.float8_e4m3fn, device=gu.device)
+    s = torch.empty(gu.shape[0], dtype=torch.float32, device=gu.device)
+    block = triton.next_power_of_2(F)
+    _swiglu_quant_kernel[(gu.shape[0],)](gu, q, s, F, gu.stride(0), BLOCK=block, num_warps=_warps(block))
+    return q, s
+
+
+def quant_rows(x: torch.Tensor, backend: str = "auto"):
+    """x [M, K] → (fp8 [M, K], float32 scales [M])."""
+    _check_2d("quant_rows x", x)
+    if not use_triton("quant_rows", backend, x.device):
+        return quant_rows_ref(x)
+    K = x.shape[1]
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+    block = triton.next_power_of_2(K)
+    _quant_rows_kernel[(x.shape[0],)](x, q, s, K, x.stride(0), BLOCK=block, num_warps=_warps(block))
+    return q, s

@@ -1,0 +1,179 @@
+"""Attention that reads the FP8 ring KV cache as it is.
+
+q [N, H, D] (bf16/fp32, already rotated); the ring: k, v [S, H, D] float8_e4m3fn (or float), scales
+k_scale, v_scale [S, H] float32; valid [S] bool/uint8 (which slots hold attendable keys). Out [N, H, D].
+
+Backends (one signature):
+- "triton": a flash-attention forward that loads FP8 K/V tiles, widens them to bf16 in registers (exact:
+  every e4m3 value is a bf16 value), and applies the per-row scales to the logits (K) and to the
+  probabilities (V) — no dequantized copy of the cache is ever written. Online softmax in float32, exp2.
+- "sdpa": dequantize the cache to q's dtype, then torch's scaled_dot_product_attention (cuDNN / flash when
+  every slot is valid, a boolean mask otherwise) — a whole-cache dequantization per call, kept to compare.
+- "torch": the float32 reference (dequantize, masked softmax), the baseline of tests and benchmarks.
+FLOPs per call 4·N·S·D·H; bytes ≈ S·H·D·2 (FP8 K+V) + N·H·D·4 (q, out in bf16) — at 57b TP=4
+(N=757, S=5788, H=16, D=128) 35.9 GFLOP and 24 MB.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from vivant.kernels.backend import use_triton
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+
+BACKENDS = ("auto", "triton", "sdpa", "torch")
+
+
+def ring_attention_ref(q, k, v, k_scale, v_scale, valid, sm_scale: float | None = None) -> torch.Tensor:
+    D = q.shape[-1]
+    sm = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
+    kf = k.float() * k_scale.float()[..., None]
+    vf = v.float() * v_scale.float()[..., None]
+    logits = torch.einsum("nhd,shd->hns", q.float(), kf) * sm
+    logits = logits.masked_fill(~valid.bool()[None, None, :], float("-inf"))
+    p = torch.softmax(logits, dim=-1)
+    return torch.einsum("hns,shd->nhd", p, vf)
+
+
+def _dequant_pair(k, v, k_scale, v_scale, dt):
+    """K and V rows × their scales → dt, one launch for both on CUDA (reads S·H·D·2 bytes, writes 2× that)."""
+    if not (k.is_cuda and triton is not None and k.is_contiguous() and v.is_contiguous()
+            and k_scale.is_contiguous() and v_scale.is_contiguous()):
+        return k.to(dt) * k_scale.to(dt)[..., None], v.to(dt) * v_scale.to(dt)[..., None]
+    S, H, D = k.shape
+    kd = torch.empty(k.shape, dtype=dt, device=k.device)
+    vd = torch.empty(v.shape, dtype=dt, device=v.device)
+    rows = S * H
+    for src, sc, dst in ((k, k_scale, kd), (v, v_scale, vd)):
+        _dequant_kernel[(triton.cdiv(rows, 32),)](src, sc, dst, rows, D=D, ROWS=32, num_warps=4)
+    return kd, vd
+
+
+def _sdpa(q, k, v, k_scale, v_scale, valid, sm_scale=None, all_valid: bool | None = None):
+    dt = q.dtype
+    kd, vd = _dequant_pair(k, v, k_scale, v_scale, dt)
+    kd, vd = kd.transpose(0, 1).unsqueeze(0), vd.transpose(0, 1).unsqueeze(0)
+    mask = None if all_valid else valid.bool()[None, None, None, :]
+    out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), kd, vd, attn_mask=mask, scale=sm_scale)
+    return out.squeeze(0).transpose(0, 1)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _dequant_kernel(src, sc, dst, rows, D: tl.constexpr, ROWS: tl.constexpr):
+        r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        d = tl.arange(0, D)
+        m = r < rows
+        x = tl.load(src + r[:, None] * D + d[None, :], mask=m[:, None], other=0.0).to(tl.float32)
+        s = tl.load(sc + r, mask=m, other=0.0)
+        tl.store(dst + r[:, None] * D + d[None, :], (x * s[:, None]).to(dst.dtype.element_ty), mask=m[:, None])
+
+    @triton.jit
+    def _ring_attn_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, valid_ptr, o_ptr, N, S, qk_scale,
+                          sq_n, sq_h, sk_n, sk_h, so_n, so_h, ss_n, ss_h,
+                          D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr):
+        pid_m = tl.program_id(0)
+        h = tl.program_id(1)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, D)
+        mmask = offs_m < N
+        q = tl.load(q_ptr + offs_m[:, None] * sq_n + h * sq_h + offs_d[None, :], mask=mmask[:, None], other=0.0)
+        q = q.to(DOT_DTYPE)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        for start in range(0, S, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            nmask = offs_n < S
+            valid = (tl.load(valid_ptr + offs_n, mask=nmask, other=0) != 0) & nmask
+            kr = tl.load(k_ptr + offs_n[:, None] * sk_n + h * sk_h + offs_d[None, :], mask=nmask[:, None], other=0.0)
+            ks = tl.load(ks_ptr + offs_n * ss_n + h * ss_h, mask=nmask, other=0.0)
+            qk = tl.dot(q, tl.trans(kr.to(q.dtype))) * (ks * qk_scale)[None, :]
+            qk = tl.where(valid[None, :], qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(qk - m_safe[:, None])
+            alpha = tl.math.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            vt = tl.load(v_ptr + offs_n[:, None] * sk_n + h * sk_h + offs_d[None, :], mask=nmask[:, None], other=0.0)
+            vs = tl.load(vs_ptr + offs_n * ss_n + h * ss_h, mask=nmask, other=0.0)
+            acc = acc * alpha[:, None] + tl.dot((p * vs[None, :]).to(q.dtype), vt.to(q.dtype))
+            m_i = m_new
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(o_ptr + offs_m[:, None] * so_n + h * so_h + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+                 mask=mmask[:, None])
+
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) candidates; the launcher times them once per shape on CUDA
+# (triton's autotuner needs a GPU driver, so it cannot run under the CPU interpreter).
+CONFIGS = [(64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 8, 2), (128, 64, 4, 3),
+           (32, 128, 4, 3), (64, 64, 4, 4), (128, 128, 8, 3)]
+_best: dict[tuple, tuple[int, int, int, int]] = {}
+
+
+def _launch(cfg, q, k, v, k_scale, v_scale, valid_u8, out, sm):
+    bm, bn, w, st = cfg
+    N, H, D = q.shape
+    _ring_attn_kernel[(triton.cdiv(N, bm), H)](
+        q, k, v, k_scale, v_scale, valid_u8, out, N, k.shape[0], sm * 1.4426950408889634,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), out.stride(0), out.stride(1),
+        k_scale.stride(0), k_scale.stride(1), D=D, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st,
+        DOT_DTYPE=tl.bfloat16 if q.is_cuda else tl.float32)
+
+
+def _pick_config(key, args) -> tuple[int, int, int, int]:
+    if key in _best:
+        return _best[key]
+    if not args[0].is_cuda:
+        _best[key] = (32, 32, 4, 1)
+        return _best[key]
+    from triton.testing import do_bench
+
+    times = {}
+    for cfg in CONFIGS:
+        try:
+            times[cfg] = do_bench(lambda cfg=cfg: _launch(cfg, *args), warmup=5, rep=20, return_mode="median")
+        except Exception:  # a config that does not fit (shared memory) is skipped
+            continue
+    _best[key] = min(times, key=times.get)
+    return _best[key]
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,
+                   valid: torch.Tensor, *, sm_scale: float | None = None, backend: str = "auto",
+                   all_valid: bool | None = None) -> torch.Tensor:
+    """Block-causal attention of the chunk's queries over the ring. `all_valid` (host-side knowledge that
+    every slot is attendable) lets the sdpa backend drop the mask and take its fastest kernel."""
+    if backend not in BACKENDS:
+        raise ValueError(f"ring_attention: backend must be one of {BACKENDS}, got {backend!r}")
+    N, H, D = q.shape
+    if k.shape[1:] != (H, D) or v.shape != k.shape or k_scale.shape != k.shape[:2] or v_scale.shape != k.shape[:2]:
+        raise ValueError(f"ring_attention: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+                         f"k_scale {tuple(k_scale.shape)}, v_scale {tuple(v_scale.shape)} do not fit [S, {H}, {D}]")
+    if valid.shape != (k.shape[0],):
+        raise ValueError(f"ring_attention: valid must have shape ({k.shape[0]},), got {tuple(valid.shape)}")
+    if backend == "torch":
+        return ring_attention_ref(q, k, v, k_scale, v_scale, valid, sm_scale).to(q.dtype)
+    if backend == "sdpa":
+        return _sdpa(q, k, v, k_scale, v_scale, valid, sm_scale, all_valid)
+    if not use_triton("ring_attention", "triton" if backend == "triton" else "auto", q.device):
+        return ring_attention_ref(q, k, v, k_scale, v_scale, valid, sm_scale).to(q.dtype)
+    if D not in (16, 32, 64, 128, 256):
+        raise ValueError(f"ring_attention: head_dim {D} must be a power of two in [16, 256] for the Triton path")
+    if k.stride(2) != 1 or q.stride(2) != 1:
+        raise ValueError("ring_attention: q and k/v need a contiguous head_dim")
+    sm = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    valid_u8 = valid.to(torch.uint8) if valid.dtype == torch.bool else valid
+    args = (q, k, v, k_scale, v_scale, valid_u8, out, sm)
+    cfg = _pick_config((N, k.shape[0], H, D, q.dtype, k.dtype, str(q.device)), args)
+    _launch(cfg, *args)
+    return out

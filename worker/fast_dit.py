@@ -1,0 +1,161 @@
+"""The GPU hot path of one denoising pass: FP8 GEMMs, fused activation quantization, the ring FP8
+attention, and the whole pass captured as a CUDA graph.
+
+Same call signature as VideoDiT (`engine(latents, sigma, audio_feats, cache) -> velocity`), same
+weights (quantized once to FP8 e4m3 with one scale per output channel), same KV cache object
+(optimized mode). Per block and pass (57b, TP=4 rank: N = 757 tokens):
+
+  ln_mod_quant(x)           LayerNorm·(1+scale)+shift → FP8 rows          (kernels/fused_quant.py)
+  qkv = fp8_linear          757×8192 · 8192×6144                             (kernels/fp8_gemm.py)
+  qk_norm_rope              q/k RMSNorm + RoPE(q), one kernel               (kernels/qk_norm_rope.py)
+  write_kv                  RoPE(k) + FP8 + ring scatter, once               (kernels/cache_write.py)
+  ring_attention            reads the FP8 ring as it is                       (kernels/ring_attention.py)
+  quant_rows → o GEMM       757×2048 · 2048×8192, then the TP all-reduce
+  ln_mod_quant → gate_up    757×8192 · 8192×13824
+  swiglu_quant → down       757×6912 · 6912×8192, then the TP all-reduce
+
+Static shapes are what make the graph possible: positions, ring slots, the valid mask, sigma and the
+inputs live in fixed buffers that are refilled before each replay. Chunk 0 (which also writes the sink)
+runs eagerly; every later pass replays the captured graph.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from vivant.kernels.cache_write import write_kv
+from vivant.kernels.fp8_gemm import fp8_linear, quantize_weight
+from vivant.kernels.fused_quant import ln_mod_quant, quant_rows, swiglu_quant
+from vivant.kernels.qk_norm_rope import qk_norm_rope
+from vivant.kernels.ring_attention import ring_attention
+from vivant.kernels.rope import rope_angles
+
+from .kv_cache import KVCache
+from .model import VideoDiT, timestep_embedding
+
+log = logging.getLogger(__name__)
+
+
+class FastDiT:
+    def __init__(self, model: VideoDiT, *, attn_backend: str = "triton", use_graphs: bool = True,
+                 drop_bf16: bool = False):
+        if not next(model.parameters()).is_cuda and use_graphs:
+            raise RuntimeError("FastDiT: CUDA graphs need the model on a CUDA device (use_graphs=False on CPU)")
+        self.m, self.cfg = model, model.cfg
+        self.attn_backend, self.use_graphs = attn_backend, use_graphs
+        self.device = next(model.parameters()).device
+        self.local_heads = model.blocks[0].attn.local_heads
+        self.w = []
+        for blk in model.blocks:
+            packed = []
+            for lin in (blk.attn.qkv, blk.attn.o, blk.mlp.gate_up, blk.mlp.down):
+                packed.append(quantize_weight(lin.weight.data))
+                if drop_bf16:
+                    lin.weight = torch.nn.Parameter(torch.empty(0, device=self.device), requires_grad=False)
+            self.w.append(packed)
+        self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._static: dict[str, torch.Tensor] | None = None
+        self.graph_replays = 0
+        self.eager_calls = 0
+
+    # ---- one pass, reading only static buffers -------------------------------------------------------
+    def _pass(self, s: dict[str, torch.Tensor], cache: KVCache, sink_pos: torch.Tensor | None, all_valid: bool):
+        m, cfg = self.m, self.cfg
+        dt = m.patch_embed.weight.dtype
+        x = m.patch_embed(m.patchify(s["lat"].to(dt)))
+        if cfg.audio_tokens:
+            a = m.audio_embed(s["feats"].to(dt)) + m.audio_pos[: cfg.audio_tokens].to(dt)
+            x = torch.cat([x, a], dim=0)
+        temb = m.time_mlp(timestep_embedding(s["sigma"] * 1000.0).to(dt))
+        mod = m.time_mod(F.silu(temb)).view(6, cfg.d_model)
+        n, h, d = x.shape[0], self.local_heads, cfg.head_dim
+        cos, sin = s["cos"], s["sin"]
+        for i, blk in enumerate(m.blocks):
+            (wqkv, sqkv), (wo, so), (wgu, sgu), (wdn, sdn) = self.w[i]
+            shift1, scale1, gate1, shift2, scale2, gate2 = (mod + blk.mod_table).to(dt).unbind(0)
+            a8, a_s = ln_mod_quant(x, shift1, scale1, eps=cfg.norm_eps)
+            qkv = fp8_linear(a8, a_s, wqkv, sqkv)
+            q_rot, k = qk_norm_rope(qkv, blk.attn.q_norm.weight, blk.attn.k_norm.weight, cos, sin, h, eps=cfg.norm_eps)
+            v = qkv.view(n, 3, h, d)[:, 2]
+            write_kv(k, v, s["pos"], s["slots"], cache.k[i], cache.v[i], cache.k_scale[i], cache.v_scale[i],
+                     rope_dims=cfg.rope_dims, theta=cfg.rope_theta)
+            if sink_pos is not None:
+                ns = sink_pos.shape[0]
+                write_kv(k[:ns], v[:ns], sink_pos, s["sink_slots"], cache.k[i], cache.v[i], cache.k_scale[i],
+                         cache.v_scale[i], rope_dims=cfg.rope_dims, theta=cfg.rope_theta)
+            att = ring_attention(q_rot, cache.k[i], cache.v[i], cache.k_scale[i], cache.v_scale[i], s["valid"],
+                                 backend=self.attn_backend, all_valid=all_valid)
+            o8, o_s = quant_rows(att.reshape(n, h * d))
+            x = x + gate1 * blk.attn.reduce(fp8_linear(o8, o_s, wo, so))
+            h8, h_s = ln_mod_quant(x, shift2, scale2, eps=cfg.norm_eps)
+            d8, d_s = swiglu_quant(fp8_linear(h8, h_s, wgu, sgu))
+            x = x + gate2 * blk.mlp.reduce(fp8_linear(d8, d_s, wdn, sdn))
+        shift, scale = m.final_mod(F.silu(temb)).view(2, cfg.d_model).to(x.dtype).unbind(0)
+        x = m.final_norm(x) * (1 + scale) + shift
+        return m.unpatchify(m.out(x[: cfg.video_tokens]).float())
+
+    def _fill(self, latents, sigma, feats, cache: KVCache) -> dict[str, torch.Tensor]:
+        st = cache.state
+        if self._static is None:
+            cfg, dev = self.cfg, self.device
+            self._static = {
+                "lat": torch.empty(cfg.latent_channels, cfg.latent_h, cfg.latent_w, device=dev),
+                "feats": torch.empty(cfg.audio_tokens, cfg.audio_feature_dim, device=dev),
+                "sigma": torch.empty(1, device=dev),
+                "pos": torch.empty(cfg.tokens_per_chunk, 3, dtype=torch.int64, device=dev),
+                "slots": torch.empty(cfg.tokens_per_chunk, dtype=torch.int64, device=dev),
+                "valid": torch.empty(cache.layout.slots, dtype=torch.bool, device=dev),
+                "cos": torch.empty(cfg.tokens_per_chunk, cfg.head_dim // 2, dtype=torch.float32, device=dev),
+                "sin": torch.empty(cfg.tokens_per_chunk, cfg.head_dim // 2, dtype=torch.float32, device=dev),
+                "sink_slots": cache.layout.sink_slots().to(dev),
+            }
+        s = self._static
+        s["lat"].copy_(latents)
+        s["feats"].copy_(feats[: self.cfg.audio_tokens])
+        s["sigma"].fill_(float(sigma))
+        key = (st.chunk, int(st.pos[0, 0]))
+        if self._pos_key != key:  # positions change once per chunk, not per pass
+            ang = rope_angles(st.pos.cpu(), self.cfg.rope_dims, self.cfg.rope_theta)
+            s["cos"].copy_(ang.cos())
+            s["sin"].copy_(ang.sin())
+            s["pos"].copy_(st.pos)
+            s["slots"].copy_(st.slots)
+            s["valid"].copy_(st.valid)
+            self._pos_key = key
+        return s
+
+    _pos_key = None
+
+    @torch.no_grad()
+    def __call__(self, latents: torch.Tensor, sigma: float, feats: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        st = cache.state
+        if cache.mode != "optimized" or not cache.fp8:
+            raise ValueError("FastDiT runs on the optimized FP8 ring cache (mode='optimized', fp8=True)")
+        s = self._fill(latents, sigma, feats, cache)
+        all_valid = bool(st.valid.all())
+        sink = st.sink_pos.to(self.device) if st.sink_pos is not None else None
+        if not self.use_graphs or sink is not None:
+            self.eager_calls += 1
+            return self._pass(s, cache, sink, all_valid)
+        key = (id(cache.k), all_valid if self.attn_backend == "sdpa" else None)
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(s, cache, all_valid)
+        graph, out = self._graphs[key]
+        graph.replay()
+        self.graph_replays += 1
+        return out.clone()
+
+    def _capture(self, s, cache, all_valid):
+        side = torch.cuda.Stream(device=self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm-up: kernel compilation, autotuning, cuBLAS handles
+                self._pass(s, cache, None, all_valid)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = self._pass(s, cache, None, all_valid)
+        log.info("captured a CUDA graph of one denoising pass (%d layers)", self.cfg.n_layers)
+        return graph, out
