@@ -328,3 +328,45 @@ async def test_token_only_in_its_secret(client: Any, kmock: Any, caplog: pytest.
     texts.append(await (await client.delete(f"/v1/realtime_sessions/{sid}", headers=AUTH)).text())
     assert TOKEN not in caplog.text, "token in a log line"
     assert any("created session" in rec.getMessage() for rec in caplog.records), "positive control: logs captured"
+
+
+async def test_oversized_body_is_413_and_writes_nothing(client: Any, kmock: Any) -> None:
+    before = len(kmock.objects)
+    big = body(model="x" * (session_api.MAX_BODY_BYTES + 10))
+    resp = await client.post("/v1/realtime_sessions", json=big, headers=AUTH)
+    assert resp.status == 413, f"expected 413, got {resp.status}"
+    assert (await resp.json())["error"]["code"] == "body_too_large"
+    assert len(kmock.objects) == before
+
+
+# ------------------------------------------------------------------------------------------ CLI
+
+
+def test_cli_refuses_to_start_without_keys_or_with_a_bad_avatars_file(tmp_path: Any, monkeypatch: Any,
+                                                                      capsys: Any) -> None:
+    import argparse
+
+    monkeypatch.delenv("VIVANT_API_KEYS", raising=False)
+    parser = argparse.ArgumentParser()
+    session_api.add_arguments(parser)
+    good = tmp_path / "avatars.yaml"
+    good.write_text("avatars:\n  ada: {character: ada-v1, pool: h200}\n")
+    assert session_api.run(parser.parse_args(["--avatars", str(good)])) == 2
+    assert "no API keys" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("avatars:\n  ada: {character: ada-v1, pool: H200!}\n")
+    assert session_api.run(parser.parse_args(["--avatars", str(bad)])) == 2
+    assert "pool" in capsys.readouterr().out, "the error must name the bad field"
+
+
+def test_keys_file_is_reread_when_the_secret_changes(tmp_path: Any) -> None:
+    import os
+
+    path = tmp_path / "keys"
+    path.write_text("# rotated weekly\nkey-one\n")
+    keys = session_api.ApiKeys(path=path)
+    assert keys.accepts("key-one") and not keys.accepts("key-two") and not keys.accepts("# rotated weekly")
+    path.write_text("key-two\n")
+    os.utime(path, (1, 1))  # a new mtime, as a Secret update swaps the file
+    assert keys.accepts("key-two") and not keys.accepts("key-one")
+    assert "key-two" not in repr(keys), "keys must not appear in repr"
