@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pydantic
+import urllib3
 import yaml
 from aiohttp import web
 from vivant.sessions import api_models as m
@@ -206,7 +207,7 @@ class SessionApi:
             log.error("Kubernetes API error %s on %s", exc.status, getattr(fn, "__name__", fn))
             raise ApiFailure(502, "kubernetes_unavailable", f"Kubernetes API answered {exc.status}",
                              headers={"Retry-After": str(self.config.retry_after_s)}) from None
-        except OSError as exc:  # connection refused, DNS, ...
+        except (OSError, urllib3.exceptions.HTTPError) as exc:  # refused, DNS, retries exhausted, ...
             log.error("Kubernetes API unreachable: %s", type(exc).__name__)
             raise ApiFailure(503, "kubernetes_unavailable", "Kubernetes API unreachable",
                              headers={"Retry-After": str(self.config.retry_after_s)}) from None

@@ -370,3 +370,40 @@ def test_keys_file_is_reread_when_the_secret_changes(tmp_path: Any) -> None:
     os.utime(path, (1, 1))  # a new mtime, as a Secret update swaps the file
     assert keys.accepts("key-two") and not keys.accepts("key-one")
     assert "key-two" not in repr(keys), "keys must not appear in repr"
+
+
+# ------------------------------------------------------------------------------------------ outages, metrics
+
+
+async def test_kubernetes_unreachable_is_503_with_retry_after(caplog: pytest.LogCaptureFixture) -> None:
+    from conftest import free_port
+
+    cfg = kubernetes.client.Configuration(host=f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    cfg.retries = 0
+    config = session_api.ApiConfig(namespace=NS, avatars={"ada": session_api.AvatarEntry(character="a", pool="h200")})
+    api = session_api.SessionApi(config, session_api.ApiKeys(static=(KEY,)), kubernetes.client.ApiClient(cfg))
+    caplog.set_level(logging.DEBUG)
+    async with TestClient(TestServer(api.app())) as c:
+        resp = await c.post("/v1/realtime_sessions", json=body(), headers=AUTH)
+        text = await resp.text()
+    assert resp.status == 503 and resp.headers.get("Retry-After") == "5", f"got {resp.status}: {text}"
+    assert (await resp.json())["error"]["code"] == "kubernetes_unavailable"
+    assert TOKEN not in text and TOKEN not in caplog.text
+
+
+async def test_requests_are_counted_by_route_template(kube: Any, kmock: Any) -> None:
+    from prometheus_client import CollectorRegistry
+    from vivant.sessions.api_metrics import ApiMetrics
+
+    for res in (SESSIONS, POOLS, SECRETS, EVENTS):
+        kmock.resources[f"{res.group}/{res.version}/{res.plural}".lstrip("/")] = {}
+    registry = CollectorRegistry()
+    config = session_api.ApiConfig(namespace=NS, avatars={})
+    api = session_api.SessionApi(config, session_api.ApiKeys(static=(KEY,)), kube, ApiMetrics(registry))
+    async with TestClient(TestServer(api.app())) as c:
+        await c.get("/v1/realtime_sessions/rt-abc", headers=AUTH)
+        await c.post("/v1/realtime_sessions", json=body())
+    def count(route: str, method: str, code: str) -> float | None:
+        return registry.get_sample_value("vivant_api_requests_total", {"method": method, "route": route, "code": code})
+    assert count("/v1/realtime_sessions/{id}", "GET", "404") == 1.0
+    assert count("/v1/realtime_sessions", "POST", "401") == 1.0
