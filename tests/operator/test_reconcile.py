@@ -123,6 +123,27 @@ class TestAssignment:
             reg.close()
 
 
+    def test_caller_supplied_token_secret_is_used_and_not_copied(self, registry):
+        add_workers(registry, 1)
+        spec = SPEC.model_copy(update={"livekit": SPEC.livekit.model_copy(update={"token_secret": "ada-token"})})
+        secrets: list[dict] = []
+        tokens = {"ada-token": "caller-minted-token"}
+
+        def run(status=None, now=T0):
+            return rc.assign_session(ref(), spec, status or {}, registry=registry, credentials=CREDS,
+                                     apply_secret=secrets.append, timeouts=TIMEOUTS, now=now, read_token=tokens.get)
+
+        tokens_missing = rc.assign_session(ref(), spec, {}, registry=registry, credentials=CREDS,
+                                           apply_secret=secrets.append, timeouts=TIMEOUTS, now=T0,
+                                           read_token=lambda name: None)
+        assert tokens_missing.status["conditions"][0]["reason"] == "TokenSecretMissing", tokens_missing.status
+        assert registry.idle_workers(POOL) == ["h200-0"], "no worker may be claimed without a token"
+        out = run()
+        assert out.status["phase"] == "Assigned" and out.status["tokenSecret"] == "ada-token", out.status
+        assert secrets == [], "the operator must not write its own Secret when the caller supplied one"
+        assert registry.next_message("h200-0", 0).token.get_secret_value() == "caller-minted-token"
+
+
 class TestProgress:
     def test_mirrors_worker_stats_into_status(self, registry):
         add_workers(registry, 1)
