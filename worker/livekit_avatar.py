@@ -28,6 +28,9 @@ protocol is the framework's.
 (`{"type": "END_CALL"}`, what hosted-avatar plugins send on agent shutdown), max duration, the
 CharacterSession deleted (the service's `EndRequest` -> `stop("Deleted")`), or the room disconnected.
 
+`LiveKitSessionRunner` is the same session behind the worker service's step-per-chunk `SessionRunner`
+interface (the service's thread renders, the event loop publishes).
+
 `run_avatar_session` joins for real (`rtc.Room.connect` with the token the operator minted, or the
 caller's token from the session API). No LiveKit server can run in this project's CI, so that join is
 exercised only against a real deployment; the tests drive everything after it with real SDK objects.
@@ -53,7 +56,7 @@ from livekit.agents.voice.avatar import (
     DataStreamAudioReceiver,
     VideoGenerator,
 )
-from vivant.worker.audio_in import AudioInput, ChunkGrid
+from vivant.worker.audio_in import AudioInput, ChunkAudio, ChunkGrid
 from vivant.worker.livekit_sink import pcm_to_audio_frame, rgb_to_video_frame
 
 log = logging.getLogger(__name__)
@@ -115,15 +118,21 @@ class GeneratorStats:
 
 
 class VivantVideoGenerator(VideoGenerator):
-    """vivant's chunk loop behind livekit-agents' `VideoGenerator` interface (see module doc)."""
+    """vivant's chunk loop behind livekit-agents' `VideoGenerator` interface (see module doc).
 
-    def __init__(self, renderer: ChunkRenderer, grid: VideoGrid, *, idle: bool = True) -> None:
+    Two drivers: `external=False` (default) renders chunks itself in a worker thread as the runner
+    consumes them; `external=True` leaves rendering to a caller thread (`render_next`, e.g. the worker
+    service's chunk loop) that hands results in with `deliver` (on the event loop)."""
+
+    def __init__(self, renderer: ChunkRenderer, grid: VideoGrid, *, idle: bool = True, external: bool = False) -> None:
         self.renderer = renderer
         self.grid = grid
         self.idle = idle
+        self.external = external
         self.audio_in = AudioInput(grid)
         self.stats = GeneratorStats()
         self._wake = asyncio.Event()
+        self._ready: asyncio.Queue[rtc.VideoFrame | rtc.AudioFrame | AudioSegmentEnd | None] = asyncio.Queue()
         self._segment_open = False
         self._segment_end_pending = False
         self._clear_epoch = 0
@@ -147,48 +156,88 @@ class VivantVideoGenerator(VideoGenerator):
         self._segment_end_pending = False
         self.stats.clears += 1
         self.stats.speech_samples_after_clear = 0
+        kept = []  # delivered but not yet published (external driver): keep the video, drop the speech
+        while not self._ready.empty():
+            item = self._ready.get_nowait()
+            if not isinstance(item, rtc.AudioFrame | AudioSegmentEnd):
+                kept.append(item)
+        for item in kept:
+            self._ready.put_nowait(item)
         self._wake.set()
 
     def close(self) -> None:
         self._closed = True
+        self._ready.put_nowait(None)
         self._wake.set()
 
-    def __aiter__(self) -> AsyncIterator[rtc.VideoFrame | rtc.AudioFrame | AudioSegmentEnd]:
-        return self._frames()
+    @property
+    def clear_epoch(self) -> int:
+        return self._clear_epoch
 
-    async def _frames(self) -> AsyncIterator[rtc.VideoFrame | rtc.AudioFrame | AudioSegmentEnd]:
+    def render_next(self) -> tuple[ChunkAudio, np.ndarray]:
+        """Take the next chunk of audio (speech or silence) and render it; safe off the event loop."""
+        g = self.grid
+        chunk = self.audio_in.next_chunk()
+        frames = self.renderer.render(chunk.samples, g.audio_sample_rate)
+        if frames.shape[0] != g.frames_per_chunk or frames.shape[1:] != (g.height, g.width, 3):
+            raise ValueError(f"renderer output: expected [{g.frames_per_chunk}, {g.height}, {g.width}, 3], "
+                             f"got {list(frames.shape)}")
+        return chunk, frames
+
+    def deliver(self, chunk: ChunkAudio, frames: np.ndarray, epoch: int) -> None:
+        """On the event loop: queue a rendered chunk's frames (muted if an interrupt landed since `epoch`)."""
+        for item in self._items(chunk, frames, epoch):
+            self._ready.put_nowait(item)
+
+    def queued_items(self) -> int:
+        return self._ready.qsize()
+
+    def _items(self, chunk: ChunkAudio, frames: np.ndarray,
+               epoch: int) -> list[rtc.VideoFrame | rtc.AudioFrame | AudioSegmentEnd]:
         g = self.grid
         rate = g.audio_sample_rate
+        speech = chunk.speech_samples > 0 and epoch == self._clear_epoch  # interrupted mid-render: mute
+        self.stats.chunks += 1
+        self.stats.speech_chunks += int(chunk.speech_samples > 0)
+        self.stats.chunk_sizes.append(len(chunk.samples))
+        start, _ = g.chunk_sample_range(chunk.index)
+        out: list[rtc.VideoFrame | rtc.AudioFrame | AudioSegmentEnd] = []
+        for j in range(g.frames_per_chunk):
+            out.append(rgb_to_video_frame(frames[j]))
+            self.stats.video_frames += 1
+            f = chunk.index * g.frames_per_chunk + j  # this frame's sample span on the grid
+            a0, a1 = f * rate // g.fps - start, (f + 1) * rate // g.fps - start
+            if speech:
+                piece = chunk.samples[a0:a1]
+                self.stats.audio_samples_out += len(piece)
+                if self.stats.clears:
+                    self.stats.speech_samples_after_clear += int(np.count_nonzero(piece))
+                out.append(pcm_to_audio_frame(piece, rate))
+        if self._segment_end_pending and self.audio_in.pending_samples() == 0:
+            self._segment_end_pending = False
+            out.append(AudioSegmentEnd())
+        return out
+
+    def __aiter__(self) -> AsyncIterator[rtc.VideoFrame | rtc.AudioFrame | AudioSegmentEnd]:
+        return self._from_queue() if self.external else self._frames()
+
+    async def _from_queue(self) -> AsyncIterator[rtc.VideoFrame | rtc.AudioFrame | AudioSegmentEnd]:
+        while True:
+            item = await self._ready.get()
+            if item is None:
+                return
+            yield item
+
+    async def _frames(self) -> AsyncIterator[rtc.VideoFrame | rtc.AudioFrame | AudioSegmentEnd]:
         while not self._closed:
             if not self.idle and self.audio_in.pending_samples() == 0 and not self._segment_end_pending:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
             epoch = self._clear_epoch
-            chunk = self.audio_in.next_chunk()
-            frames = await asyncio.to_thread(self.renderer.render, chunk.samples, rate)
-            if frames.shape[0] != g.frames_per_chunk or frames.shape[1:] != (g.height, g.width, 3):
-                raise ValueError(f"renderer output: expected [{g.frames_per_chunk}, {g.height}, {g.width}, 3], "
-                                 f"got {list(frames.shape)}")
-            speech = chunk.speech_samples > 0 and epoch == self._clear_epoch  # interrupted mid-render: mute
-            self.stats.chunks += 1
-            self.stats.speech_chunks += int(chunk.speech_samples > 0)
-            self.stats.chunk_sizes.append(len(chunk.samples))
-            start, _ = g.chunk_sample_range(chunk.index)
-            for j in range(g.frames_per_chunk):
-                yield rgb_to_video_frame(frames[j])
-                self.stats.video_frames += 1
-                f = chunk.index * g.frames_per_chunk + j  # this frame's sample span on the grid
-                a0, a1 = f * rate // g.fps - start, (f + 1) * rate // g.fps - start
-                if speech:
-                    piece = chunk.samples[a0:a1]
-                    self.stats.audio_samples_out += len(piece)
-                    if self.stats.clears:
-                        self.stats.speech_samples_after_clear += int(np.count_nonzero(piece))
-                    yield pcm_to_audio_frame(piece, rate)
-            if self._segment_end_pending and self.audio_in.pending_samples() == 0:
-                self._segment_end_pending = False
-                yield AudioSegmentEnd()
+            chunk, frames = await asyncio.to_thread(self.render_next)
+            for item in self._items(chunk, frames, epoch):
+                yield item
             await asyncio.sleep(0)  # let push_audio / clear_buffer in between chunks
 
 
@@ -293,3 +342,96 @@ async def run_avatar_session(join: AvatarJoin, renderer: ChunkRenderer, grid: Vi
         await runner.aclose()
         await room.disconnect()
     return AvatarResult(reason=reason, seconds=time.monotonic() - t0, stats=gen.stats)
+
+
+# ------------------------------------------------------------------------------------------ worker service
+
+
+class LiveKitSessionRunner:
+    """The worker service's `SessionRunner` for LiveKit sessions (vivant.worker.service).
+
+    `begin` starts (once) an event-loop thread, joins the assignment's room with its token and starts
+    `AvatarRunner` with an externally driven `VivantVideoGenerator`; `step` renders one chunk on the
+    service's thread and hands it to the loop (waiting while more than `lead_chunks` chunks are queued,
+    so the AVSynchronizer's real-time consumption paces the loop); `end_reason` is set once the room
+    ends the session (agent left, END_CALL, disconnected) for the service to stop on; `end` leaves the
+    room. Joining needs a LiveKit server (not available in this project's CI).
+    """
+
+    def __init__(self, renderer: ChunkRenderer, grid: VideoGrid, *, connect_timeout_s: float = 20.0,
+                 lead_chunks: int = 3) -> None:
+        self.renderer, self.grid = renderer, grid
+        self.frames_per_chunk = grid.frames_per_chunk
+        self.chunk_seconds = grid.frames_per_chunk / grid.fps
+        self.connect_timeout_s = connect_timeout_s
+        self.lead_items = lead_chunks * grid.frames_per_chunk * 2
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._session: dict[str, Any] = {}
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            import threading
+
+            self._loop = asyncio.new_event_loop()
+            threading.Thread(target=self._loop.run_forever, name="livekit-avatar-loop", daemon=True).start()
+        return self._loop
+
+    def _call(self, coro: Any, timeout: float | None = None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._ensure_loop()).result(timeout)
+
+    def begin(self, assignment: Any, flags: Any) -> None:
+        join = AvatarJoin(url=assignment.livekit_url, token=assignment.token.get_secret_value(),
+                          agent_identity=assignment.agent_identity, max_duration_s=assignment.max_duration_s)
+        self._call(self._join(join), timeout=self.connect_timeout_s + 5)
+
+    async def _join(self, join: AvatarJoin) -> None:
+        room = rtc.Room()
+        end = EndWatch(join.agent_identity)
+        end.attach(room)
+        await asyncio.wait_for(room.connect(join.url, join.token), self.connect_timeout_s)
+        gen = VivantVideoGenerator(self.renderer, self.grid, external=True)
+        runner = AvatarRunner(room, audio_recv=DataStreamAudioReceiver(room, sender_identity=join.agent_identity),
+                              video_gen=gen, options=AvatarOptions(
+                                  video_width=self.grid.width, video_height=self.grid.height,
+                                  video_fps=float(self.grid.fps), audio_sample_rate=self.grid.audio_sample_rate,
+                                  audio_channels=1))
+        await runner.start()
+        self._session = {"room": room, "end": end, "gen": gen, "runner": runner}
+
+    def apply_flags(self, flags: Any) -> None:
+        hook = getattr(getattr(self.renderer, "generator", None), "apply_flags", None)
+        if hook is not None:
+            hook(flags.model_dump())
+
+    @property
+    def end_reason(self) -> str | None:
+        end: EndWatch | None = self._session.get("end")
+        return end.reason.value if end is not None and end.reason is not None else None
+
+    def step(self) -> Any:
+        from vivant.worker.service import ChunkReport
+
+        gen: VivantVideoGenerator = self._session["gen"]
+        while self._call(self._queued(gen)) > self.lead_items and self.end_reason is None:
+            time.sleep(self.chunk_seconds / 4)
+        epoch = gen.clear_epoch
+        t0 = time.perf_counter()
+        chunk, frames = gen.render_next()
+        ms = (time.perf_counter() - t0) * 1e3
+        self._ensure_loop().call_soon_threadsafe(gen.deliver, chunk, frames, epoch)
+        return ChunkReport(index=chunk.index, compute_ms=ms, frames=self.frames_per_chunk)
+
+    @staticmethod
+    async def _queued(gen: VivantVideoGenerator) -> int:
+        return gen.queued_items()
+
+    def end(self, reason: str) -> None:
+        if self._session:
+            self._call(self._leave(reason), timeout=30)
+        self._session = {}
+
+    async def _leave(self, reason: str) -> None:
+        s = self._session  # the service records its own reason (max duration, EndRequest, shutdown)
+        s["gen"].close()
+        await s["runner"].aclose()
+        await s["room"].disconnect()

@@ -255,3 +255,25 @@ async def test_end_reasons(action: Any, expected: EndReason) -> None:
     assert await end.wait(0.05) == expected
     end.stop(EndReason.END_CALL)
     assert end.reason == expected, "the first reason sticks"
+
+
+async def test_externally_driven_generator_mutes_queued_speech_on_clear() -> None:
+    """The worker service's driver: chunks rendered on another thread, delivered to the loop, then read by
+    the runner. An interrupt drops the speech already delivered but not yet published, keeps the video."""
+    renderer = RecordingRenderer(CFG)
+    gen = VivantVideoGenerator(renderer, CFG, external=True)
+    for f in frames_of(tone(1.0, 16000), 16000, 1):
+        await gen.push_audio(f)
+    for _ in range(2):
+        epoch = gen.clear_epoch
+        chunk, frames = await asyncio.to_thread(gen.render_next)
+        gen.deliver(chunk, frames, epoch)
+    assert gen.queued_items() == 16, "two chunks: 4 video + 4 audio frames each"
+    gen.clear_buffer()
+    epoch = gen.clear_epoch
+    chunk, frames = await asyncio.to_thread(gen.render_next)
+    gen.deliver(chunk, frames, epoch)
+    gen.close()
+    items = [item async for item in gen]
+    assert [type(i) for i in items] == [rtc.VideoFrame] * 12, f"expected 12 silent video frames, got {items}"
+    assert not np.any(renderer.inputs[2]), "the chunk after the interrupt is rendered from silence"
