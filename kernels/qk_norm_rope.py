@@ -3,8 +3,8 @@
 qkv [N, 3·H·D] (q heads, k heads, v heads; bf16), q_weight/k_weight [D], cos/sin [N, D/2] float32
 (the chunk's rotation angles, adjacent-pair convention of vivant.kernels.rope) →
 q_rot [N, H, D] (normalized and rotated) and k_norm [N, H, D] (normalized; the cache write rotates K
-with its absolute position). One program per token covers all H heads: it reads 2·H·D values and writes
-2·H·D, where the unfused torch sequence (float casts, square, mean, rsqrt, two products, four for the
+with its absolute position). One program per token covers all H heads in contiguous [H, D] tiles (pairs split in registers): it
+reads 2·H·D values and writes 2·H·D, where the unfused torch sequence (float casts, square, mean, rsqrt, two products, four for the
 rotation) makes about a dozen passes over the same rows.
 """
 
@@ -41,33 +41,27 @@ if triton is not None:
     @triton.jit
     def _qk_norm_rope_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_out, k_out, stride_tok, H, eps,
                              D: tl.constexpr, BLOCK_H: tl.constexpr):
+        # contiguous [heads, D] tiles (16-byte loads); the adjacent pairs are split in registers
         tok = tl.program_id(0)
         hh = tl.arange(0, BLOCK_H)
-        j = tl.arange(0, D // 2)
+        dd = tl.arange(0, D)
         hm = hh < H
+        offs = hh[:, None] * D + dd[None, :]
         base = qkv_ptr + tok * stride_tok
-        ev = hh[:, None] * D + 2 * j[None, :]
-        qe = tl.load(base + ev, mask=hm[:, None], other=0.0).to(tl.float32)
-        qo = tl.load(base + ev + 1, mask=hm[:, None], other=0.0).to(tl.float32)
-        ke = tl.load(base + H * D + ev, mask=hm[:, None], other=0.0).to(tl.float32)
-        ko = tl.load(base + H * D + ev + 1, mask=hm[:, None], other=0.0).to(tl.float32)
-        qwe = tl.load(qw_ptr + 2 * j).to(tl.float32)
-        qwo = tl.load(qw_ptr + 2 * j + 1).to(tl.float32)
-        kwe = tl.load(kw_ptr + 2 * j).to(tl.float32)
-        kwo = tl.load(kw_ptr + 2 * j + 1).to(tl.float32)
-        rq = 1.0 / tl.sqrt((tl.sum(qe * qe, axis=1) + tl.sum(qo * qo, axis=1)) / D + eps)
-        rk = 1.0 / tl.sqrt((tl.sum(ke * ke, axis=1) + tl.sum(ko * ko, axis=1)) / D + eps)
-        qe = qe * rq[:, None] * qwe[None, :]
-        qo = qo * rq[:, None] * qwo[None, :]
-        ke = ke * rk[:, None] * kwe[None, :]
-        ko = ko * rk[:, None] * kwo[None, :]
+        q = tl.load(base + offs, mask=hm[:, None], other=0.0).to(tl.float32)
+        k = tl.load(base + H * D + offs, mask=hm[:, None], other=0.0).to(tl.float32)
+        qw = tl.load(qw_ptr + dd).to(tl.float32)
+        kw = tl.load(kw_ptr + dd).to(tl.float32)
+        q = q * (1.0 / tl.sqrt(tl.sum(q * q, axis=1) / D + eps))[:, None] * qw[None, :]
+        k = k * (1.0 / tl.sqrt(tl.sum(k * k, axis=1) / D + eps))[:, None] * kw[None, :]
+        qe, qo = tl.split(tl.reshape(q, [BLOCK_H, D // 2, 2]))
+        j = tl.arange(0, D // 2)
         c = tl.load(cos_ptr + tok * (D // 2) + j)[None, :]
         s = tl.load(sin_ptr + tok * (D // 2) + j)[None, :]
-        out = tok * H * D + ev
-        tl.store(q_out + out, (qe * c - qo * s).to(q_out.dtype.element_ty), mask=hm[:, None])
-        tl.store(q_out + out + 1, (qe * s + qo * c).to(q_out.dtype.element_ty), mask=hm[:, None])
-        tl.store(k_out + out, ke.to(k_out.dtype.element_ty), mask=hm[:, None])
-        tl.store(k_out + out + 1, ko.to(k_out.dtype.element_ty), mask=hm[:, None])
+        q_rot = tl.reshape(tl.join(qe * c - qo * s, qe * s + qo * c), [BLOCK_H, D])
+        out = tok * H * D + offs
+        tl.store(q_out + out, q_rot.to(q_out.dtype.element_ty), mask=hm[:, None])
+        tl.store(k_out + out, k.to(k_out.dtype.element_ty), mask=hm[:, None])
 
 
 def qk_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor,
@@ -79,7 +73,9 @@ def qk_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tens
         raise ValueError(f"qk_norm_rope: qkv must be [N, 3·{heads}·{d}] with contiguous rows, got {tuple(qkv.shape)}")
     if cos.shape != (n, d // 2) or sin.shape != (n, d // 2):
         raise ValueError(f"qk_norm_rope: cos/sin must be [{n}, {d // 2}], got {tuple(cos.shape)}/{tuple(sin.shape)}")
-    if not use_triton("qk_norm_rope", backend, qkv.device):
+    if d & (d - 1) and backend == "triton":
+        raise ValueError(f"qk_norm_rope: the Triton kernel needs a power-of-two head_dim, got {d}")
+    if d & (d - 1) or not use_triton("qk_norm_rope", backend, qkv.device):
         q, k = qk_norm_rope_ref(qkv, q_weight, k_weight, cos, sin, heads, eps)
         return q.to(qkv.dtype), k.to(qkv.dtype)
     q_out = torch.empty(n, heads, d, dtype=qkv.dtype, device=qkv.device)

@@ -1,0 +1,113 @@
+"""Write docs/BENCHMARKS.md from the committed JSON under bench/results/ (so every figure in the doc is one
+of those files' numbers). Usage: python bench/benchmarks_md.py > docs/BENCHMARKS.md"""
+
+import json
+from pathlib import Path
+
+R = Path(__file__).resolve().parent / "results"
+d = json.loads((R / "step_57b_tp4_rank0_h200_2026-11-29.json").read_text())
+t1 = json.loads((R / "step_57b_tp1_h200_2026-11-29.json").read_text())
+dec = json.loads((R / "decode_57b_h200_2026-11-29.json").read_text())
+first = json.loads((R / "step_57b_tp4_rank0_h200_2026-11-29_first-run.json").read_text())
+second = json.loads((R / "step_57b_tp4_rank0_h200_2026-11-29_second-run.json").read_text())
+c, g, ob, bb, n = (d["components_ms_per_call"], d["gemm_ceiling"], d["optimized_breakdown_ms"],
+                   d["baseline_breakdown_ms"], d["numerics"])
+ts = dec["two_stage"]
+print(f"""# Benchmarks
+
+Every figure here comes from a command in `bench/`, run as written, with its JSON committed under
+`bench/results/` (this page is generated from those files by `python bench/benchmarks_md.py`).
+GPU: one NVIDIA H200 (driver 580.159.04, clocks as found, never changed), {d['torch']}, triton {d['triton']},
+Python 3.12, date {d['date']}. Random weights of the exact shapes (DESIGN.md §1). Timings are CUDA-event
+medians after warm-up.
+
+The GPU runs were made with `bash bench/run_gpu.sh $OUT` (it assembles the `vivant` namespace from symlinks,
+since nothing installs on the GPU machine, then runs the smoke check `bench/gpu_smoke.py`,
+`pytest -m gpu tests/kernels` (all passed) and the commands below). Log: `bench/results/gpu_run_log_2026-11-29.txt`.
+
+## DiT chunk step, 57b, one tensor-parallel rank (TP = 4, rank 0) on one H200
+
+```
+python -m vivant bench step --preset 57b --tp 4 --rank 0 --device cuda --chunks 20 --warmup 8 \\
+    --numerics-chunks 104 --out bench/results/step_57b_tp4_rank0_h200_2026-11-29.json
+```
+
+Shard: 16 heads, QKV N=6144, O K=2048, gate+up N=13824, down K=6912; 757 new tokens over a 5,788-slot ring;
+4 passes × 60 layers = 240 attention calls per chunk. The all-reduce after O and down is left out of both
+modes (identity) and estimated apart: {d['allreduce_estimate_ms_per_chunk']:.1f} ms per chunk from its bytes at an
+assumed 360 GB/s NVLink bus bandwidth — an estimate, not a measurement (multi-GPU machines are withheld).
+
+| | baseline | optimized |
+|---|---|---|
+| median ms per chunk | {d['baseline_ms']:.1f} | **{d['optimized_ms']:.1f}** |
+| p99 ms per chunk | {d['baseline_p99_ms']:.1f} | {d['optimized_p99_ms']:.1f} |
+| speedup | | **{d['speedup']:.2f}×** |
+| GEMMs (component timing × 240) | {bb['gemms']:.1f} (bf16) | {ob['gemms']:.1f} (FP8 rowwise, cuBLASLt) |
+| attention | {bb['attention']:.1f} (cuDNN bf16) | {ob['attention']:.1f} (`{d['attn_backend']}`: fused FP8 dequant + SDPA) |
+| cache work | {bb['cache_work']:.1f} (cat + rotate + quantize, every call) | in the ring write (inside "other") |
+| fused quant / norm / RoPE kernels | — | {ob['fused_quant_elementwise']:.1f} |
+| other (measured − components) | {bb['other']:.1f} (eager launches, casts) | {ob['other']:.1f} |
+| achieved FP8 TFLOP/s (GEMM FLOPs / chunk time) | | {d['fp8_tflops']:.0f} |
+| % of the measured FP8 GEMM ceiling ({g['fp8_ceiling_tflops']:.0f} TFLOP/s at these shapes) | | {d['pct_fp8_ceiling']:.1f}% |
+
+Ceilings measured in the same run (per call): FP8 `_scaled_mm` rowwise QKV {g['qkv']['fp8_ms']*1e3:.0f} µs, O {g['o']['fp8_ms']*1e3:.0f} µs,
+gate+up {g['gate_up']['fp8_ms']*1e3:.0f} µs, down {g['down']['fp8_ms']*1e3:.0f} µs = {g['fp8_ms_per_layer_pass']:.3f} ms per layer-pass
+({g['fp8_ms_per_layer_pass']*240:.1f} ms per chunk); bf16 {g['bf16_ms_per_layer_pass']:.3f} ms per layer-pass. Attention per call: Triton
+FP8 ring kernel {c['attn_triton_fp8_ring']*1e3:.0f} µs, fused dequant + SDPA {c['attn_sdpa_dequant']*1e3:.0f} µs (picked: faster), cuDNN bf16
+on an unquantized cache {c['attn_sdpa_bf16']*1e3:.0f} µs. Fused kernels per call: ln_mod_quant {c['ln_mod_quant']*1e3:.1f} µs,
+swiglu_quant {c['swiglu_quant']*1e3:.1f} µs, quant_rows {c['quant_rows_o']*1e3:.1f} µs, qk_norm_rope {c['qk_norm_rope']*1e3:.1f} µs.
+Baseline cache work per call {c['baseline_cache_work']*1e3:.0f} µs.
+
+**Targets.** Optimized ≥ 1.6× baseline: **met** ({d['speedup']:.2f}×). Optimized ≤ 110 ms per chunk: **missed**
+({d['optimized_ms']:.1f} ms). Next steps the breakdown points to: (1) attention {ob['attention']:.1f} ms vs the
+{c['attn_sdpa_bf16']*240:.1f} ms cuDNN floor: the Triton kernel that reads FP8 directly ({c['attn_triton_fp8_ring']*1e3:.0f} µs/call) is
+under-occupied (16 heads × ⌈757/64⌉ programs on 132 SMs) and needs a split-KV variant, which would also remove
+the per-call dequantization the sdpa backend still does; (2) GEMMs run at {g['fp8_ceiling_tflops']:.0f} TFLOP/s
+on 757-row problems — folding the gated residual adds into the GEMM epilogues and fusing QKV/O with their
+neighbours are the remaining elementwise savings; (3) "other" ({ob['other']:.1f} ms: embeddings, modulation,
+the ring write, residual gates).
+
+**Numerics on the GPU** (same run, 104 chunks with `t_limit` 40 so the run crosses {n['resets']} position resets; the
+baseline runs on the FP8-dequantized copy of the same weights, so the difference is the optimized path itself:
+FP8 activations, FP8 ring, write-time RoPE, delta rotation, graphs): per-chunk relative RMS of the latents max
+{n['max_rel_rms']*100:.2f}% (first quarter max {n['first_quarter_max']*100:.2f}%, last quarter max {n['last_quarter_max']*100:.2f}%: no growth).
+The issue's bound is 2%: **missed by {n['max_rel_rms']*100-2:.2f} points**. The error is flat from chunk 0, before any cache
+reuse, so it comes from per-token FP8 activation quantization through 60 random-weight layers rather than from the
+cache; against the bf16 weights it is {d['max_rel_rms']*100:.1f}% (`max_rel_rms`). On CPU (`tiny`,
+tests/core/test_numerics_ring_vs_baseline.py) the cache path alone stays within 0.1%.
+
+Earlier runs of the same command, same day: first {first['optimized_ms']:.1f} ms optimized / {first['baseline_ms']:.1f} ms baseline
+(a local all-reduce stand-in inside the step, unfused q/k norm + RoPE); second {second['optimized_ms']:.1f} / {second['baseline_ms']:.1f} ms
+(stand-in removed; q/k norm + RoPE fused with stride-2 loads, 50 µs/call, since vectorized to {c['qk_norm_rope']*1e3:.0f} µs).
+
+## The whole 57b model on one H200 (TP = 1, FP8)
+
+```
+python -m vivant bench step --preset 57b --tp 1 --device cuda --mode optimized --chunks 20 --warmup 3 \\
+    --out bench/results/step_57b_tp1_h200_2026-11-29.json
+```
+
+{t1['weights_gb']:.1f} GB on the GPU (FP8 block weights + bf16 embeddings/modulation). Optimized **{t1['optimized_ms']:.1f} ms per chunk**
+(median; p99 {t1['optimized_p99_ms']:.1f}; {t1['fp8_tflops']:.0f} FP8 TFLOP/s, {t1['pct_fp8_ceiling']:.1f}% of the ceiling measured at the TP=1 shapes).
+Not real time on one GPU (166.7 ms budget), which is why a session uses 4 DiT GPUs. The bf16 baseline does not fit
+beside the FP8 copy at TP=1 and was not run.
+
+## VAE decoder, 57b (704×1088), one H200
+
+```
+python -m vivant bench decode --preset 57b --device cuda --chunks 20 --json --out bench/results/decode_57b_h200_2026-11-29.json
+```
+
+Decoder median **{dec['decode_ms']['median']:.1f} ms per chunk** (p99 {dec['decode_ms']['p99']:.1f}; 4 RGB frames of 704×1088 from one latent frame;
+random weights). Target ≤ 60 ms: **met**. Two-stage timing in the same JSON, both stages on this machine's one GPU
+(tiny DiT + 57b decoder): serial {ts['serial_ms_per_chunk']:.1f} ms vs pipelined {ts['pipelined_ms_per_chunk']:.1f} ms per chunk, with
+{ts['overlap_next_fraction_mean']*100:.0f}% of each decode overlapping the next diffusion — the overlap is there, but on one GPU the stages
+contend; the decoder's own GPU is the multi-GPU issue's run.
+
+## CPU (correctness harness, not a performance claim)
+
+```
+vivant bench step --preset tiny --chunks 30
+```
+On the 2-core development machine the two modes run within a few percent of each other (the tiny cache is 91
+slots; whole-cache work is negligible there) and agree to < 0.1% relative RMS.""")
