@@ -9,34 +9,26 @@ finishes sessions when told to end.
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import Any
 
-_KUBECONFIG = Path(tempfile.mkdtemp(prefix="vivant-kube-")) / "config"
-os.environ["KUBECONFIG"] = str(_KUBECONFIG)  # before kubernetes/kopf are imported (ENVIRONMENT.md, kmock)
-
-import asyncio  # noqa: E402
-import contextlib  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import time  # noqa: E402
-from typing import Any  # noqa: E402
-
-import kmock  # noqa: E402
-import kubernetes  # noqa: E402
-import prometheus_client  # noqa: E402
-import pytest  # noqa: E402
-from conftest import RedisServer  # noqa: E402
-from kopf.testing import KopfRunner  # noqa: E402
-from kube_emulator import ApiServerEmulator  # noqa: E402
-from vivant.sessions import resources as r  # noqa: E402
-from vivant.sessions.flags import FlagStore  # noqa: E402
-from vivant.sessions.models import Assignment, EndRequest, FlagValues, SessionStats, WorkerInfo  # noqa: E402
-from vivant.sessions.registry import Registry, RegistryUnavailable  # noqa: E402
+import kmock
+import kubernetes
+import prometheus_client
+import pytest
+from conftest import RedisServer
+from kopf.testing import KopfRunner
+from kube_emulator import ApiServerEmulator
+from vivant.sessions import resources as r
+from vivant.sessions.flags import FlagStore
+from vivant.sessions.models import Assignment, EndRequest, FlagValues, SessionStats, WorkerInfo
+from vivant.sessions.registry import Registry, RegistryUnavailable
 
 pytestmark = [pytest.mark.kmock(cls=ApiServerEmulator), pytest.mark.timeout(120)]
-kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(_KUBECONFIG)
 
 NS = "default"
 CS = f"/apis/{r.GROUP}/{r.VERSION}/namespaces/{NS}/{r.SESSION_PLURAL}"
@@ -149,8 +141,14 @@ class Fleet:
 
 
 @pytest.fixture
-async def kube(kmock, redis_url, monkeypatch):
-    _KUBECONFIG.write_text(json.dumps({
+async def kube(kmock, redis_url, monkeypatch, tmp_path):
+    """kmock as the cluster: a kubeconfig pointing at it (read by kopf's login and by the operator's
+    kubernetes client), the resources the operator uses, and the operator's environment."""
+    kubeconfig = tmp_path / "kubeconfig"
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    # kubernetes reads $KUBECONFIG once, at import; kopf's login uses that default.
+    monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+    kubeconfig.write_text(json.dumps({
         "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
         "clusters": [{"name": "kmock", "cluster": {"server": str(kmock.url).rstrip("/")}}],
         "users": [{"name": "kmock", "user": {"token": "test"}}],
