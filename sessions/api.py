@@ -165,7 +165,18 @@ class SessionApi:
         app.router.add_get(ROUTE_ITEM, self.get)
         app.router.add_delete(ROUTE_ITEM, self.delete)
         app.router.add_get("/healthz", self.healthz)
+        if self.metrics is not None:
+            app.router.add_get("/metrics", self.metrics_text)
         return app
+
+    async def metrics_text(self, request: web.Request) -> web.Response:
+        """Prometheus exposition of the API's registry (unauthenticated, like /healthz: cluster-internal)."""
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        assert self.metrics is not None
+        resp = web.Response(body=generate_latest(self.metrics.registry))
+        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return resp
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -295,8 +306,8 @@ class SessionApi:
                                    r.SESSION_PLURAL, name)
         uid = (created.get("metadata") or {}).get("uid")
         if uid:
-            owner = {"apiVersion": r.API_VERSION, "kind": r.SESSION_KIND, "name": name, "uid": uid,
-                     "controller": True, "blockOwnerDeletion": True}
+            # no blockOwnerDeletion: it would need update on charactersessions/finalizers (admission plugin)
+            owner = {"apiVersion": r.API_VERSION, "kind": r.SESSION_KIND, "name": name, "uid": uid}
             await self._kube(self._core.patch_namespaced_secret, secret_name, ns,
                              {"metadata": {"ownerReferences": [owner]}})
         log.info("created session %s/%s (avatar %s, pool %s)", ns, name, body.avatar_key, entry.pool)

@@ -407,3 +407,6 @@ async def test_requests_are_counted_by_route_template(kube: Any, kmock: Any) -> 
         return registry.get_sample_value("vivant_api_requests_total", {"method": method, "route": route, "code": code})
     assert count("/v1/realtime_sessions/{id}", "GET", "404") == 1.0
     assert count("/v1/realtime_sessions", "POST", "401") == 1.0
+    async with TestClient(TestServer(api.app())) as c:
+        exposition = await (await c.get("/metrics")).text()
+    assert 'vivant_api_requests_total{code="401",method="POST",route="/v1/realtime_sessions"} 1.0' in exposition
