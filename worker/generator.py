@@ -11,6 +11,7 @@ Before a chunk whose temporal index would reach `t_limit`, the position frame sh
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,10 +21,13 @@ import torch
 
 from .audio_features import AudioFeaturizer
 from .config import ModelConfig
+from .fused_tp import set_row_parallel_path
 from .kv_cache import MODES, KVCache, StepState
 from .model import VideoDiT, init_random_
 from .positions import PositionFrame, RingLayout, chunk_positions, sink_positions
 from .weights import load_weights
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -57,6 +61,22 @@ class ChunkGenerator:
                                          features=cfg.audio_feature_dim,
                                          nominal_samples=cfg.chunk_sample_range(0)[1])
         self.reset_session(seed)
+
+    def apply_flags(self, flags: dict) -> str:
+        """Between chunks only: switch the row-parallel O/down between GEMM + all-reduce and the fused
+        module (`fusedGemmAllReduce`, see worker/fused_tp.py). Returns the path now in effect; "no_tp"
+        when there is nothing to fuse (TP = 1) and "unsupported_engine" when the model is an engine
+        (e.g. FastDiT) without that swap, which then keeps running unfused."""
+        fused = bool(flags.get("fusedGemmAllReduce", False))
+        if isinstance(self.model, VideoDiT):
+            return set_row_parallel_path(self.model, fused=fused)
+        hook = getattr(self.model, "apply_flags", None)
+        if hook is not None:
+            return hook(flags)
+        if fused:
+            log.warning("fusedGemmAllReduce requested but %s has no fused path; running unfused",
+                        type(self.model).__name__)
+        return "unsupported_engine"
 
     @property
     def local_heads(self) -> int:
