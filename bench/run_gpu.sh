@@ -13,12 +13,14 @@ ln -s "$PWD/cli/cli.py" "$PKG/vivant/cli.py"; ln -s "$PWD/cli/__main__.py" "$PKG
 export PYTHONPATH="$PKG:$PWD/tests"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
-step() { echo "=== $1"; shift; ( "$@" ) 2>&1 | tee -a "$OUT/log.txt" | tail -25; }
-step "smoke: tiny on cuda, FastDiT with graphs vs baseline" python3 bench/gpu_smoke.py
-step "gpu tests" python3 -m pytest -q -m gpu tests/kernels -p no:cacheprovider
-step "bench step 57b tp4 rank0" python3 -m vivant bench step --preset 57b --tp 4 --rank 0 --device cuda \
+STEPS=${STEPS:-smoke,tests,tp4,tp1,decode}  # which parts to run (comma-separated)
+step() { case ",$STEPS," in *",$1,"*) ;; *) return 0;; esac; shift
+         echo "=== $1"; shift; ( "$@" ) 2>&1 | tee -a "$OUT/log.txt" | tail -25; }
+step smoke "smoke: tiny on cuda, FastDiT with graphs vs baseline" python3 bench/gpu_smoke.py
+step tests "gpu tests" python3 -m pytest -q -m gpu tests/kernels tests/stream -p no:cacheprovider
+step tp4 "bench step 57b tp4 rank0" python3 -m vivant bench step --preset 57b --tp 4 --rank 0 --device cuda \
     --chunks 20 --warmup 8 --numerics-chunks ${NUMERICS_CHUNKS:-104} --out "$OUT/step_57b_tp4_rank0.json"
-step "bench step 57b tp1" python3 -m vivant bench step --preset 57b --tp 1 --device cuda --mode optimized \
+step tp1 "bench step 57b tp1" python3 -m vivant bench step --preset 57b --tp 1 --device cuda --mode optimized \
     --chunks 20 --warmup 3 --out "$OUT/step_57b_tp1.json"
-step "bench decode 57b" python3 -m vivant bench decode --preset 57b --device cuda --chunks 20 --json --out "$OUT/decode_57b.json"
+step decode "bench decode 57b" python3 -m vivant bench decode --preset 57b --device cuda --chunks 20 --json --out "$OUT/decode_57b.json"
 ls -la "$OUT"

@@ -9,6 +9,7 @@ K + 4 out (vs. 2K in, 2K out, then 2K in, K out for an unfused norm + quantize).
   ln_mod_quant(x, shift, scale)  LayerNorm (no affine) → y·(1 + scale) + shift → FP8 rows
   swiglu_quant(gu)               gu = [gate | up] (2F wide) → silu(gate)·up → FP8 rows
   quant_rows(x)                  plain rowwise FP8 quantization
+  residual_ln_mod_quant(x, y, g, shift, scale)  x + g·y (written back), then ln_mod_quant of it
 
 Scales follow vivant.kernels.fp8: s = max(amax, 1e-8) / 448, q = RNE_e4m3(y / s).
 Each has a float32 torch twin (`*_ref`) and a `backend` switch ("auto" | "triton" | "torch").
@@ -33,6 +34,14 @@ def ln_mod_quant_ref(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, 
     xf = x.float()
     y = torch.nn.functional.layer_norm(xf, (xf.shape[-1],), eps=eps) * (1 + scale.float()) + shift.float()
     return quantize_rows_ref(y)
+
+
+def residual_ln_mod_quant_ref(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, shift: torch.Tensor,
+                              scale: torch.Tensor, eps: float = 1e-6):
+    """x_new = x + gate·y (in x's dtype), then ln_mod_quant(x_new): returns (x_new, fp8 rows, scales)."""
+    x_new = (x.float() + gate.float() * y.float()).to(x.dtype)
+    q, s = ln_mod_quant_ref(x_new, shift, scale, eps)
+    return x_new, q, s
 
 
 def swiglu_quant_ref(gu: torch.Tensor):
@@ -69,6 +78,26 @@ if triton is not None:
         sc = tl.load(scale_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         y = y * (1.0 + sc) + sh
         _store_fp8_row(q_ptr, s_ptr, row, y, offs, mask, K)
+
+    @triton.jit
+    def _residual_ln_mod_quant_kernel(x_ptr, y_ptr, gate_ptr, shift_ptr, scale_ptr, xo_ptr, q_ptr, s_ptr, K, stride_x,
+                                      stride_y, eps, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < K
+        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + row * stride_y + offs, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        xn = (x + g * y).to(xo_ptr.dtype.element_ty)
+        tl.store(xo_ptr + row * K + offs, xn, mask=mask)
+        x = xn.to(tl.float32)  # normalize what was stored, as the reference does
+        mean = tl.sum(x, axis=0) / K
+        xc = tl.where(mask, x - mean, 0.0)
+        var = tl.sum(xc * xc, axis=0) / K
+        yv = xc * (1.0 / tl.sqrt(var + eps))
+        sh = tl.load(shift_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        sc = tl.load(scale_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        _store_fp8_row(q_ptr, s_ptr, row, yv * (1.0 + sc) + sh, offs, mask, K)
 
     @triton.jit
     def _swiglu_quant_kernel(gu_ptr, q_ptr, s_ptr, F, stride_gu, BLOCK: tl.constexpr):
@@ -113,6 +142,30 @@ def ln_mod_quant(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps:
     _ln_mod_quant_kernel[(x.shape[0],)](x, shift.contiguous(), scale.contiguous(), q, s, K, x.stride(0), eps,
                                         BLOCK=block, num_warps=_warps(block))
     return q, s
+
+
+def residual_ln_mod_quant(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, shift: torch.Tensor,
+                          scale: torch.Tensor, eps: float = 1e-6, backend: str = "auto"):
+    """x, y [M, K]; gate, shift, scale [K] → (x + gate·y [M, K] in x's dtype, fp8 [M, K], float32 scales [M]).
+    The gated residual add of one sub-block fused with the next sub-block's norm, modulation and quantization."""
+    _check_2d("residual_ln_mod_quant x", x)
+    _check_2d("residual_ln_mod_quant y", y)
+    K = x.shape[1]
+    if y.shape != x.shape:
+        raise ValueError(f"residual_ln_mod_quant: y shape {tuple(y.shape)} != x shape {tuple(x.shape)}")
+    for name, t in (("gate", gate), ("shift", shift), ("scale", scale)):
+        if t.shape != (K,):
+            raise ValueError(f"residual_ln_mod_quant: {name} must have shape ({K},), got {tuple(t.shape)}")
+    if not use_triton("residual_ln_mod_quant", backend, x.device):
+        return residual_ln_mod_quant_ref(x, y, gate, shift, scale, eps)
+    xo = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+    block = triton.next_power_of_2(K)
+    _residual_ln_mod_quant_kernel[(x.shape[0],)](x, y, gate.contiguous(), shift.contiguous(), scale.contiguous(), xo, q,
+                                                 s, K, x.stride(0), y.stride(0), eps, BLOCK=block,
+                                                 num_warps=_warps(block))
+    return xo, q, s
 
 
 def swiglu_quant(gu: torch.Tensor, backend: str = "auto"):

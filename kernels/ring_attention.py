@@ -77,11 +77,15 @@ if triton is not None:
         tl.store(dst + r[:, None] * D + d[None, :], (x * s[:, None]).to(dst.dtype.element_ty), mask=m[:, None])
 
     @triton.jit
-    def _ring_attn_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, valid_ptr, o_ptr, N, S, qk_scale,
-                          sq_n, sq_h, sk_n, sk_h, so_n, so_h, ss_n, ss_h,
-                          D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    def _ring_attn_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, valid_ptr, o_ptr, m_ptr, l_ptr, N, S, S_SPLIT, qk_scale,
+                          sq_n, sq_h, sk_n, sk_h, sv_n, sv_h, so_s, so_n, so_h, sks_n, sks_h, svs_n, svs_h,
+                          D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                          PARTIAL: tl.constexpr):
+        # grid (query blocks, heads, KV splits); split `sp` covers slots [sp·S_SPLIT, min(S, (sp+1)·S_SPLIT)).
+        # PARTIAL: write the unnormalized accumulator and the (max, sum) of the split for a later combine.
         pid_m = tl.program_id(0)
         h = tl.program_id(1)
+        sp = tl.program_id(2)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, D)
         mmask = offs_m < N
@@ -90,12 +94,14 @@ if triton is not None:
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
-        for start in range(0, S, BLOCK_N):
+        lo = sp * S_SPLIT
+        hi = tl.minimum(lo + S_SPLIT, S)
+        for start in range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
-            nmask = offs_n < S
+            nmask = offs_n < hi
             valid = (tl.load(valid_ptr + offs_n, mask=nmask, other=0) != 0) & nmask
             kr = tl.load(k_ptr + offs_n[:, None] * sk_n + h * sk_h + offs_d[None, :], mask=nmask[:, None], other=0.0)
-            ks = tl.load(ks_ptr + offs_n * ss_n + h * ss_h, mask=nmask, other=0.0)
+            ks = tl.load(ks_ptr + offs_n * sks_n + h * sks_h, mask=nmask, other=0.0)
             qk = tl.dot(q, tl.trans(kr.to(q.dtype))) * (ks * qk_scale)[None, :]
             qk = tl.where(valid[None, :], qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, axis=1))
@@ -103,37 +109,68 @@ if triton is not None:
             p = tl.math.exp2(qk - m_safe[:, None])
             alpha = tl.math.exp2(m_i - m_safe)
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            vt = tl.load(v_ptr + offs_n[:, None] * sk_n + h * sk_h + offs_d[None, :], mask=nmask[:, None], other=0.0)
-            vs = tl.load(vs_ptr + offs_n * ss_n + h * ss_h, mask=nmask, other=0.0)
+            vt = tl.load(v_ptr + offs_n[:, None] * sv_n + h * sv_h + offs_d[None, :], mask=nmask[:, None], other=0.0)
+            vs = tl.load(vs_ptr + offs_n * svs_n + h * svs_h, mask=nmask, other=0.0)
             acc = acc * alpha[:, None] + tl.dot((p * vs[None, :]).to(q.dtype), vt.to(q.dtype))
             m_i = m_new
-        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        tl.store(o_ptr + offs_m[:, None] * so_n + h * so_h + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
-                 mask=mmask[:, None])
+        if PARTIAL:
+            base = sp * so_s + offs_m * so_n + h * so_h
+            tl.store(o_ptr + base[:, None] + offs_d[None, :], acc, mask=mmask[:, None])
+            ml = (sp * N + offs_m) * (so_n // D) + h  # m, l are contiguous [splits, N, H]; so_n = H·D
+            tl.store(m_ptr + ml, m_i, mask=mmask)
+            tl.store(l_ptr + ml, l_i, mask=mmask)
+        else:
+            out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+            tl.store(o_ptr + offs_m[:, None] * so_n + h * so_h + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+                     mask=mmask[:, None])
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) candidates; the launcher times them once per shape on CUDA
-# (triton's autotuner needs a GPU driver, so it cannot run under the CPU interpreter).
-CONFIGS = [(64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 8, 2), (128, 64, 4, 3),
-           (32, 128, 4, 3), (64, 64, 4, 4), (128, 128, 8, 3)]
-_best: dict[tuple, tuple[int, int, int, int]] = {}
+# (BLOCK_M, BLOCK_N, num_warps, num_stages, KV splits) candidates; the launcher times them once per shape on CUDA
+# (triton's autotuner needs a GPU driver, so it cannot run under the CPU interpreter). Splitting the 5,788 slots
+# multiplies the programs: 16 heads × ⌈757/64⌉ = 192 programs alone under-fill 132 SMs.
+CONFIGS = [(64, 64, 4, 3, 1), (64, 128, 4, 3, 1), (128, 64, 8, 3, 1), (128, 128, 8, 2, 1), (64, 64, 4, 3, 2),
+           (64, 128, 4, 3, 2), (128, 64, 8, 3, 2), (128, 128, 8, 2, 2), (64, 64, 4, 3, 4), (64, 128, 4, 3, 4),
+           (128, 64, 8, 3, 4), (128, 128, 8, 2, 4), (128, 128, 8, 3, 3), (64, 128, 8, 3, 3)]
+_best: dict[tuple, tuple[int, int, int, int, int]] = {}
 
 
 def _launch(cfg, q, k, v, k_scale, v_scale, valid_u8, out, sm):
-    bm, bn, w, st = cfg
+    bm, bn, w, st, splits = cfg
     N, H, D = q.shape
-    _ring_attn_kernel[(triton.cdiv(N, bm), H)](
-        q, k, v, k_scale, v_scale, valid_u8, out, N, k.shape[0], sm * 1.4426950408889634,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), out.stride(0), out.stride(1),
-        k_scale.stride(0), k_scale.stride(1), D=D, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st,
-        DOT_DTYPE=tl.bfloat16 if q.is_cuda else tl.float32)
+    S = k.shape[0]
+    s_split = triton.cdiv(triton.cdiv(S, splits), bn) * bn
+    splits = triton.cdiv(S, s_split)
+    dot = tl.bfloat16 if q.is_cuda else tl.float32
+    common = dict(D=D, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st, DOT_DTYPE=dot)
+    kv_strides = (k.stride(0), k.stride(1), v.stride(0), v.stride(1))
+    sc_strides = (k_scale.stride(0), k_scale.stride(1), v_scale.stride(0), v_scale.stride(1))
+    if splits == 1:
+        _ring_attn_kernel[(triton.cdiv(N, bm), H, 1)](
+            q, k, v, k_scale, v_scale, valid_u8, out, out, out, N, S, s_split, sm * 1.4426950408889634,
+            q.stride(0), q.stride(1), *kv_strides, 0, out.stride(0), out.stride(1), *sc_strides, PARTIAL=False,
+            **common)
+        return
+    acc = torch.empty(splits, N, H, D, dtype=torch.float32, device=q.device)
+    m = torch.empty(splits, N, H, dtype=torch.float32, device=q.device)
+    l_ = torch.empty(splits, N, H, dtype=torch.float32, device=q.device)
+    _ring_attn_kernel[(triton.cdiv(N, bm), H, splits)](
+        q, k, v, k_scale, v_scale, valid_u8, acc, m, l_, N, S, s_split, sm * 1.4426950408889634,
+        q.stride(0), q.stride(1), *kv_strides, acc.stride(0), acc.stride(1), acc.stride(2), *sc_strides,
+        PARTIAL=True, **common)
+    # combine the splits (log2 domain): out = Σ 2^(m_s − M)·acc_s / Σ 2^(m_s − M)·l_s
+    mx = m.amax(0)
+    mx = torch.where(torch.isinf(mx), torch.zeros_like(mx), mx)
+    w_ = torch.exp2(m - mx)
+    den = (w_ * l_).sum(0)
+    num = (w_[..., None] * acc).sum(0)
+    out.copy_(num / torch.where(den == 0, torch.ones_like(den), den)[..., None])
 
 
-def _pick_config(key, args) -> tuple[int, int, int, int]:
+def _pick_config(key, args) -> tuple[int, int, int, int, int]:
     if key in _best:
         return _best[key]
     if not args[0].is_cuda:
-        _best[key] = (32, 32, 4, 1)
+        _best[key] = (32, 32, 4, 1, 2 if key[1] > 64 else 1)  # split on CPU too, so tests exercise the combine
         return _best[key]
     from triton.testing import do_bench
 
@@ -168,8 +205,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale: t
         return ring_attention_ref(q, k, v, k_scale, v_scale, valid, sm_scale).to(q.dtype)
     if D not in (16, 32, 64, 128, 256):
         raise ValueError(f"ring_attention: head_dim {D} must be a power of two in [16, 256] for the Triton path")
-    if k.stride(2) != 1 or q.stride(2) != 1:
-        raise ValueError("ring_attention: q and k/v need a contiguous head_dim")
+    if k.stride(2) != 1 or q.stride(2) != 1 or v.stride(2) != 1:
+        raise ValueError("ring_attention: q, k and v need a contiguous head_dim")
     sm = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     valid_u8 = valid.to(torch.uint8) if valid.dtype == torch.bool else valid

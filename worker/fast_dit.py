@@ -11,8 +11,13 @@ weights (quantized once to FP8 e4m3 with one scale per output channel), same KV 
   write_kv                  RoPE(k) + FP8 + ring scatter, once               (kernels/cache_write.py)
   ring_attention            reads the FP8 ring as it is                       (kernels/ring_attention.py)
   quant_rows → o GEMM       757×2048 · 2048×8192, then the TP all-reduce
-  ln_mod_quant → gate_up    757×8192 · 8192×13824
+  residual_ln_mod_quant     x += gate·o fused with norm2 + modulation + FP8 rows
+  gate_up GEMM              757×8192 · 8192×13824
   swiglu_quant → down       757×6912 · 6912×8192, then the TP all-reduce
+  residual_ln_mod_quant     x += gate·down fused with the next block's norm1 + modulation + FP8 rows
+
+With a baseline-mode cache (numerics reference only) the same FP8 GEMMs run with the original per-call
+whole-cache work in place of the ring write + ring attention, eagerly.
 
 Static shapes are what make the graph possible: positions, ring slots, the valid mask, sigma and the
 inputs live in fixed buffers that are refilled before each replay. Chunk 0 (which also writes the sink)
@@ -27,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from vivant.kernels.cache_write import write_kv
 from vivant.kernels.fp8_gemm import fp8_linear, quantize_weight
-from vivant.kernels.fused_quant import ln_mod_quant, quant_rows, swiglu_quant
+from vivant.kernels.fused_quant import ln_mod_quant, quant_rows, residual_ln_mod_quant, swiglu_quant
 from vivant.kernels.qk_norm_rope import qk_norm_rope
 from vivant.kernels.ring_attention import ring_attention
 from vivant.kernels.rope import rope_angles
@@ -47,6 +52,7 @@ class FastDiT:
         self.attn_backend, self.use_graphs = attn_backend, use_graphs
         self.device = next(model.parameters()).device
         self.local_heads = model.blocks[0].attn.local_heads
+        self.mod_tables = torch.stack([blk.mod_table.detach() for blk in model.blocks])  # [L, 6, d]
         self.w = []
         for blk in model.blocks:
             packed = []
@@ -61,6 +67,24 @@ class FastDiT:
         self.eager_calls = 0
 
     # ---- one pass, reading only static buffers -------------------------------------------------------
+    def _attend(self, i, blk, qkv, s, cache: KVCache, sink_pos, all_valid) -> torch.Tensor:
+        cfg, n, h, d = self.cfg, qkv.shape[0], self.local_heads, self.cfg.head_dim
+        v = qkv.view(n, 3, h, d)[:, 2]
+        if cache.mode == "baseline":  # the original per-call whole-cache work, same GEMMs (numerics reference)
+            q, k = qkv.view(n, 3, h, d)[:, 0], qkv.view(n, 3, h, d)[:, 1]
+            return cache.attend(i, blk.attn.q_norm(q), blk.attn.k_norm(k), v).reshape(n, h * d)
+        q_rot, k = qk_norm_rope(qkv, blk.attn.q_norm.weight, blk.attn.k_norm.weight, s["cos"], s["sin"], h,
+                                eps=cfg.norm_eps)
+        write_kv(k, v, s["pos"], s["slots"], cache.k[i], cache.v[i], cache.k_scale[i], cache.v_scale[i],
+                 rope_dims=cfg.rope_dims, theta=cfg.rope_theta)
+        if sink_pos is not None:
+            ns = sink_pos.shape[0]
+            write_kv(k[:ns], v[:ns], sink_pos, s["sink_slots"], cache.k[i], cache.v[i], cache.k_scale[i],
+                     cache.v_scale[i], rope_dims=cfg.rope_dims, theta=cfg.rope_theta)
+        att = ring_attention(q_rot, cache.k[i], cache.v[i], cache.k_scale[i], cache.v_scale[i], s["valid"],
+                             backend=self.attn_backend, all_valid=all_valid)
+        return att.reshape(n, h * d)
+
     def _pass(self, s: dict[str, torch.Tensor], cache: KVCache, sink_pos: torch.Tensor | None, all_valid: bool):
         m, cfg = self.m, self.cfg
         dt = m.patch_embed.weight.dtype
@@ -69,29 +93,23 @@ class FastDiT:
             a = m.audio_embed(s["feats"].to(dt)) + m.audio_pos[: cfg.audio_tokens].to(dt)
             x = torch.cat([x, a], dim=0)
         temb = m.time_mlp(timestep_embedding(s["sigma"] * 1000.0).to(dt))
-        mod = m.time_mod(F.silu(temb)).view(6, cfg.d_model)
-        n, h, d = x.shape[0], self.local_heads, cfg.head_dim
-        cos, sin = s["cos"], s["sin"]
+        mods = (m.time_mod(F.silu(temb)).view(1, 6, cfg.d_model) + self.mod_tables).to(dt)  # [L, 6, d], one launch
+        eps = cfg.norm_eps
+        a8, a_s = ln_mod_quant(x, mods[0, 0], mods[0, 1], eps=eps)
+        last = len(m.blocks) - 1
         for i, blk in enumerate(m.blocks):
             (wqkv, sqkv), (wo, so), (wgu, sgu), (wdn, sdn) = self.w[i]
-            shift1, scale1, gate1, shift2, scale2, gate2 = (mod + blk.mod_table).to(dt).unbind(0)
-            a8, a_s = ln_mod_quant(x, shift1, scale1, eps=cfg.norm_eps)
-            qkv = fp8_linear(a8, a_s, wqkv, sqkv)
-            q_rot, k = qk_norm_rope(qkv, blk.attn.q_norm.weight, blk.attn.k_norm.weight, cos, sin, h, eps=cfg.norm_eps)
-            v = qkv.view(n, 3, h, d)[:, 2]
-            write_kv(k, v, s["pos"], s["slots"], cache.k[i], cache.v[i], cache.k_scale[i], cache.v_scale[i],
-                     rope_dims=cfg.rope_dims, theta=cfg.rope_theta)
-            if sink_pos is not None:
-                ns = sink_pos.shape[0]
-                write_kv(k[:ns], v[:ns], sink_pos, s["sink_slots"], cache.k[i], cache.v[i], cache.k_scale[i],
-                         cache.v_scale[i], rope_dims=cfg.rope_dims, theta=cfg.rope_theta)
-            att = ring_attention(q_rot, cache.k[i], cache.v[i], cache.k_scale[i], cache.v_scale[i], s["valid"],
-                                 backend=self.attn_backend, all_valid=all_valid)
-            o8, o_s = quant_rows(att.reshape(n, h * d))
-            x = x + gate1 * blk.attn.reduce(fp8_linear(o8, o_s, wo, so))
-            h8, h_s = ln_mod_quant(x, shift2, scale2, eps=cfg.norm_eps)
+            gate1, shift2, scale2, gate2 = mods[i, 2], mods[i, 3], mods[i, 4], mods[i, 5]
+            att = self._attend(i, blk, fp8_linear(a8, a_s, wqkv, sqkv), s, cache, sink_pos, all_valid)
+            o8, o_s = quant_rows(att)
+            o = blk.attn.reduce(fp8_linear(o8, o_s, wo, so))
+            x, h8, h_s = residual_ln_mod_quant(x, o, gate1, shift2, scale2, eps=eps)  # x += g1·o; norm2; quant
             d8, d_s = swiglu_quant(fp8_linear(h8, h_s, wgu, sgu))
-            x = x + gate2 * blk.mlp.reduce(fp8_linear(d8, d_s, wdn, sdn))
+            dn = blk.mlp.reduce(fp8_linear(d8, d_s, wdn, sdn))
+            if i < last:  # x += g2·down, fused with the next block's norm1 + modulation + quantization
+                x, a8, a_s = residual_ln_mod_quant(x, dn, gate2, mods[i + 1, 0], mods[i + 1, 1], eps=eps)
+            else:
+                x = x + gate2 * dn
         shift, scale = m.final_mod(F.silu(temb)).view(2, cfg.d_model).to(x.dtype).unbind(0)
         x = m.final_norm(x) * (1 + scale) + shift
         return m.unpatchify(m.out(x[: cfg.video_tokens]).float())
@@ -131,12 +149,12 @@ class FastDiT:
     @torch.no_grad()
     def __call__(self, latents: torch.Tensor, sigma: float, feats: torch.Tensor, cache: KVCache) -> torch.Tensor:
         st = cache.state
-        if cache.mode != "optimized" or not cache.fp8:
-            raise ValueError("FastDiT runs on the optimized FP8 ring cache (mode='optimized', fp8=True)")
+        if cache.mode == "optimized" and not cache.fp8:
+            raise ValueError("FastDiT's optimized path reads an FP8 ring (KVCache fp8=True)")
         s = self._fill(latents, sigma, feats, cache)
         all_valid = bool(st.valid.all())
         sink = st.sink_pos.to(self.device) if st.sink_pos is not None else None
-        if not self.use_graphs or sink is not None:
+        if not self.use_graphs or sink is not None or cache.mode == "baseline":
             self.eager_calls += 1
             return self._pass(s, cache, sink, all_valid)
         key = (id(cache.k), all_valid if self.attn_backend == "sdpa" else None)
