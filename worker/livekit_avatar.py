@@ -29,7 +29,11 @@ protocol is the framework's.
 CharacterSession deleted (the service's `EndRequest` -> `stop("Deleted")`), or the room disconnected.
 
 `LiveKitSessionRunner` is the same session behind the worker service's step-per-chunk `SessionRunner`
-interface (the service's thread renders, the event loop publishes).
+interface (the service's thread renders, the event loop publishes); `vivant worker --runner livekit`
+serves sessions with it. A room-side end (agent left, END_CALL, disconnected) shows as its
+`end_reason` (or `SessionEnded` from `step`), which the service reports and then releases the worker.
+Its server-facing parts are three methods (`_connect`, `_audio_receiver`, `_avatar_runner`), so tests
+can run everything else with real SDK objects and no server.
 
 `run_avatar_session` joins for real (`rtc.Room.connect` with the token the operator minted, or the
 caller's token from the session API). No LiveKit server can run in this project's CI, so that join is
@@ -95,6 +99,11 @@ class ModelRenderer:
     def render(self, samples: np.ndarray, sample_rate: int) -> np.ndarray:
         out = self.generator.generate_chunk(samples, sample_rate)
         return self.vae.decode_chunk(out.latents, self._cache).cpu().numpy()
+
+    def reset(self, seed: int = 0) -> None:
+        """A new session: fresh generator state (KV cache, chunk counter) and decoder cache."""
+        self.generator.reset_session(seed)
+        self._cache = self.vae.new_cache()
 
 
 def audio_frame_to_mono(frame: rtc.AudioFrame) -> np.ndarray:
@@ -350,20 +359,25 @@ async def run_avatar_session(join: AvatarJoin, renderer: ChunkRenderer, grid: Vi
 class LiveKitSessionRunner:
     """The worker service's `SessionRunner` for LiveKit sessions (vivant.worker.service).
 
-    `begin` starts (once) an event-loop thread, joins the assignment's room with its token and starts
-    `AvatarRunner` with an externally driven `VivantVideoGenerator`; `step` renders one chunk on the
-    service's thread and hands it to the loop (waiting while more than `lead_chunks` chunks are queued,
-    so the AVSynchronizer's real-time consumption paces the loop); `end_reason` is set once the room
-    ends the session (agent left, END_CALL, disconnected) for the service to stop on; `end` leaves the
-    room. Joining needs a LiveKit server (not available in this project's CI).
+    `begin` starts (once) an event-loop thread, resets the renderer (if it has `reset(seed)`), joins the
+    assignment's room with its URL and token and starts `AvatarRunner` with an externally driven
+    `VivantVideoGenerator`; `step` renders one chunk on the service's thread and hands it to the loop
+    (waiting while more than `lead_chunks` chunks are queued, so the AVSynchronizer's real-time
+    consumption paces the loop; if nothing is consumed for `stall_timeout_s` the step fails);
+    `end_reason` is set once the room ends the session (agent left, END_CALL, disconnected) for the
+    service to stop on, and a `step` waiting when that happens raises `SessionEnded`; `end` leaves the
+    room. Joining (`_connect`) and the agent's audio (`DataStreamAudioReceiver`, which waits for the agent
+    participant) need a LiveKit server, which cannot run in this project's CI: tests replace `_connect`,
+    `_audio_receiver` and the track publication of `_avatar_runner` and nothing else.
     """
 
     def __init__(self, renderer: ChunkRenderer, grid: VideoGrid, *, connect_timeout_s: float = 20.0,
-                 lead_chunks: int = 3) -> None:
+                 lead_chunks: int = 3, stall_timeout_s: float = 10.0) -> None:
         self.renderer, self.grid = renderer, grid
         self.frames_per_chunk = grid.frames_per_chunk
         self.chunk_seconds = grid.frames_per_chunk / grid.fps
         self.connect_timeout_s = connect_timeout_s
+        self.stall_timeout_s = stall_timeout_s
         self.lead_items = lead_chunks * grid.frames_per_chunk * 2
         self._loop: asyncio.AbstractEventLoop | None = None
         self._session: dict[str, Any] = {}
@@ -382,21 +396,40 @@ class LiveKitSessionRunner:
     def begin(self, assignment: Any, flags: Any) -> None:
         join = AvatarJoin(url=assignment.livekit_url, token=assignment.token.get_secret_value(),
                           agent_identity=assignment.agent_identity, max_duration_s=assignment.max_duration_s)
-        self._call(self._join(join), timeout=self.connect_timeout_s + 5)
+        reset = getattr(self.renderer, "reset", None)
+        if reset is not None:
+            reset(assignment.seed)
+        self.apply_flags(flags)
+        self._call(self._join(join), timeout=2 * self.connect_timeout_s + 5)
 
     async def _join(self, join: AvatarJoin) -> None:
         room = rtc.Room()
         end = EndWatch(join.agent_identity)
         end.attach(room)
-        await asyncio.wait_for(room.connect(join.url, join.token), self.connect_timeout_s)
-        gen = VivantVideoGenerator(self.renderer, self.grid, external=True)
-        runner = AvatarRunner(room, audio_recv=DataStreamAudioReceiver(room, sender_identity=join.agent_identity),
-                              video_gen=gen, options=AvatarOptions(
-                                  video_width=self.grid.width, video_height=self.grid.height,
-                                  video_fps=float(self.grid.fps), audio_sample_rate=self.grid.audio_sample_rate,
-                                  audio_channels=1))
-        await runner.start()
+        try:
+            await self._connect(room, join)
+            gen = VivantVideoGenerator(self.renderer, self.grid, external=True)
+            runner = self._avatar_runner(room, self._audio_receiver(room, join), gen)
+            await asyncio.wait_for(runner.start(), self.connect_timeout_s)  # waits for the agent participant
+        except BaseException:
+            await room.disconnect()  # a session that cannot start leaves no connection behind
+            raise
         self._session = {"room": room, "end": end, "gen": gen, "runner": runner}
+
+    # The server-facing parts (a test without a LiveKit server replaces exactly these).
+    async def _connect(self, room: rtc.Room, join: AvatarJoin) -> None:
+        await asyncio.wait_for(room.connect(join.url, join.token), self.connect_timeout_s)
+
+    def _audio_receiver(self, room: rtc.Room, join: AvatarJoin) -> Any:
+        return DataStreamAudioReceiver(room, sender_identity=join.agent_identity)
+
+    def _avatar_runner(self, room: rtc.Room, receiver: Any, gen: VivantVideoGenerator) -> AvatarRunner:
+        return AvatarRunner(room, audio_recv=receiver, video_gen=gen, options=self.avatar_options())
+
+    def avatar_options(self) -> AvatarOptions:
+        g = self.grid
+        return AvatarOptions(video_width=g.width, video_height=g.height, video_fps=float(g.fps),
+                             audio_sample_rate=g.audio_sample_rate, audio_channels=1)
 
     def apply_flags(self, flags: Any) -> None:
         hook = getattr(getattr(self.renderer, "generator", None), "apply_flags", None)
@@ -409,10 +442,16 @@ class LiveKitSessionRunner:
         return end.reason.value if end is not None and end.reason is not None else None
 
     def step(self) -> Any:
-        from vivant.worker.service import ChunkReport
+        from vivant.worker.service import ChunkReport, SessionEnded
 
         gen: VivantVideoGenerator = self._session["gen"]
-        while self._call(self._queued(gen)) > self.lead_items and self.end_reason is None:
+        waited_since = time.monotonic()
+        while self._call(self._queued(gen)) > self.lead_items:
+            if self.end_reason is not None:
+                raise SessionEnded(self.end_reason)
+            if time.monotonic() - waited_since > self.stall_timeout_s:
+                raise RuntimeError(f"published video stalled: {gen.queued_items()} frames queued and none consumed "
+                                   f"for {self.stall_timeout_s:.0f}s")
             time.sleep(self.chunk_seconds / 4)
         epoch = gen.clear_epoch
         t0 = time.perf_counter()
@@ -432,6 +471,8 @@ class LiveKitSessionRunner:
 
     async def _leave(self, reason: str) -> None:
         s = self._session  # the service records its own reason (max duration, EndRequest, shutdown)
+        if reason in EndReason._value2member_map_:
+            s["end"].stop(reason)  # e.g. the operator's "Deleted": the first reason sticks
         s["gen"].close()
         await s["runner"].aclose()
         await s["room"].disconnect()

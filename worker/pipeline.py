@@ -169,19 +169,25 @@ class StreamPipeline:
         self.pacer.discard_speech_before(self.audio_in.last_cut_chunk)
         return dropped
 
-    def run(self, chunks: int, before_chunk: Callable[[int, StreamPipeline], None] | None = None) -> StreamReport:
+    def run(self, chunks: int, before_chunk: Callable[[int, StreamPipeline], None] | None = None, *,
+            stop: threading.Event | None = None) -> StreamReport:
         """Stream `chunks` chunks; `before_chunk(n, self)` runs on the generator thread before chunk n's
-        audio is taken (scripts push speech or interrupt there). Returns when the last frame is out."""
+        audio is taken (scripts push speech or interrupt there). Returns when the last frame is out.
+
+        `stop` ends the stream early (a live session that ended): once it is set, checked before and
+        after `before_chunk`, no further chunk is taken; chunks already taken are decoded and played
+        out, and the report covers the chunks made (possibly 0)."""
         if chunks < 1:
             raise ValueError(f"chunks: expected a positive number of chunks, got {chunks}")
         playout = threading.Thread(target=self._playout, name="vivant-playout", daemon=True)
         self.decoder.start()
         playout.start()
         t_first = None
+        made = 0
         errors: list[BaseException] = []
         try:
             for n in range(chunks):
-                if self._playout_error is not None:
+                if self._playout_error is not None or (stop is not None and stop.is_set()):
                     break
                 # Lead limit: chunk n's audio is taken at most `max_lead_chunks` chunks before it plays,
                 # which bounds the turn latency the buffers add (the generator waits only when ahead).
@@ -192,6 +198,8 @@ class StreamPipeline:
                 self.lead_wait_ms.append((time.perf_counter() - t_wait) * 1e3)
                 if before_chunk is not None:
                     before_chunk(n, self)
+                if stop is not None and stop.is_set():
+                    break
                 audio = self.audio_in.next_chunk()
                 self._speech_in += audio.speech_samples
                 t_taken = self.clock.now()
@@ -203,6 +211,7 @@ class StreamPipeline:
                 self._record_turns(audio.turns, t_diffused)
                 self.decoder.submit(LatentChunk(n, out.latents, audio.samples,
                                                 {"audio_taken": t_taken, "diffused": t_diffused}))
+                made = n + 1
                 if self.metrics is not None:
                     self.metrics.observe_chunk("diffuse", self.diffuse_ms[-1] / 1e3)
         except BaseException as exc:  # noqa: BLE001 (re-raised below, after the threads are stopped)
@@ -223,7 +232,7 @@ class StreamPipeline:
         if errors:
             raise errors[0]
         t_produced = max((t.get("decoded", 0.0) for t in self._chunk_times.values()), default=t_first or 0.0)
-        return self._report(chunks, (t_produced - t_first) if t_first is not None else 0.0)
+        return self._report(made, (t_produced - t_first) if t_first is not None else 0.0)
 
     # ---- decoder thread -----------------------------------------------------------------------------
     def _on_decoded(self, chunk: DecodedChunk) -> None:
@@ -331,8 +340,8 @@ class StreamPipeline:
             stalls=stats.stall_count, stall_frames=[s.frames for s in stats.stalls],
             stall_causes=[s.cause for s in stats.stalls],
             discarded_chunks=[i for d in stats.discards for i in d.chunks], delivered_fps=fps,
-            real_time_factor=max(sum(self.diffuse_ms), sum(self.decoder.decode_ms)) / 1e3 / content_s,
-            production_real_time_factor=production_s / content_s,
+            real_time_factor=max(sum(self.diffuse_ms), sum(self.decoder.decode_ms)) / 1e3 / content_s if chunks else 0.0,
+            production_real_time_factor=production_s / content_s if chunks else 0.0,
             max_abs_av_offset_ms=stats.max_abs_av_offset_s * 1e3,
             stages_ms={"lead_wait": percentiles(self.lead_wait_ms), "diffuse": percentiles(self.diffuse_ms), "submit_wait": percentiles(self.decoder.submit_wait_ms),
                        "decode": percentiles(self.decoder.decode_ms), "pacer_push_wait": percentiles(self.push_wait_ms),

@@ -5,7 +5,8 @@ start streaming within seconds. So the worker loads once, registers in the Redis
 and then serves sessions one at a time from its inbox (`vivant.sessions.registry`).
 
 Per session the loop is, chunk by chunk (one chunk = `frames_per_chunk` frames, 1/6 s at 24 fps):
-  1. stop? (EndRequest in the inbox for this session, max duration reached, lease lost, shutdown)
+  1. stop? (EndRequest in the inbox for this session, the runner's own `end_reason` (e.g. the agent left
+     the LiveKit room), max duration reached, lease lost, shutdown)
   2. flags changed? (one GET of the pool's flag version) -> apply them to the runner, BETWEEN chunks
   3. run one chunk; record which flag version it ran under
   4. every `stats_interval_s`: report SessionStats (phase, fps, stalls, chunk p99 ms, streamed s)
@@ -13,9 +14,16 @@ A heartbeat thread keeps the lease alive. When Redis is unreachable the session 
 (every registry call is allowed to fail); when Redis comes back the heartbeat finds the worker unknown
 and re-registers it together with the session it is streaming, so nothing assigned is lost.
 
-The model sits behind `SessionRunner` (begin / apply_flags / step / end). `GeneratorRunner` drives the
-real `ChunkGenerator` against a null or file sink until the LiveKit sink is wired in; tests pass a
-small runner of their own.
+The model sits behind `SessionRunner` (begin / apply_flags / step / end). A runner that learns on its
+own side that the session is over (the agent left the room, an END_CALL message) says so with an
+`end_reason` attribute (checked at every chunk boundary) or by raising `SessionEnded` from `step`;
+either way the session ends as `Ended` with that reason in `SessionStats.end_reason`, the runner's
+`end` runs and the worker releases its lease (idle again). `vivant worker --runner` picks the runner:
+`generator` (`GeneratorRunner`: the chunk generator fed with silence, latents to a null or file sink),
+`pipeline` (`vivant.worker.pipeline_runner.PipelineRunner`: the full stream pipeline, decoder and
+pacer, frames to a null or MP4 sink) or `livekit` (`vivant.worker.livekit_avatar.LiveKitSessionRunner`:
+joins the assignment's room with its URL and token; needs a reachable LiveKit server, which this
+project's CI does not have). Tests pass small runners of their own.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from vivant.worker.metrics import serve as serve_metrics
 log = logging.getLogger(__name__)
 # `vivant_worker_kernel_path_info{path=...}` values for the tensor-parallel GEMM + all-reduce
 FUSED_PATH, UNFUSED_PATH = "fused_gemm_all_reduce", "gemm_then_all_reduce"
+MAX_DURATION_REASON = "max duration reached"  # SessionStats.end_reason when the assignment's max duration passed
 T = TypeVar("T")
 
 
@@ -61,8 +70,22 @@ class ChunkReport:
     numerical_fault: bool = False
 
 
+class SessionEnded(Exception):  # noqa: N818 (an outcome, not an error)
+    """Raised by `SessionRunner.step` when the session ended on the runner's side (e.g. the agent left
+    the room while the step waited). The service ends the session as `Ended` with `reason`."""
+
+    def __init__(self, reason: str) -> None:
+        if not reason:
+            raise ValueError("SessionEnded: reason must be a non-empty string")
+        super().__init__(reason)
+        self.reason = reason
+
+
 class SessionRunner(Protocol):
-    """The generation side of a worker. `apply_flags` is only ever called between two `step`s."""
+    """The generation side of a worker. `apply_flags` is only ever called between two `step`s.
+
+    Optional: an `end_reason` attribute (`str | None`); when it is a non-empty string at a chunk
+    boundary the service ends the session with it. `step` may also raise `SessionEnded(reason)`."""
 
     frames_per_chunk: int
     chunk_seconds: float
@@ -348,6 +371,11 @@ class WorkerService:
                 version, flags = changed.version, new_flags
             try:
                 report = self.runner.step()
+            except SessionEnded as ended:
+                reason = ended.reason
+                log.info("worker %s: session %s ended by its runner in chunk %d: %s", self.worker_id,
+                         a.session_id, len(compute_ms), reason)
+                break
             except Exception as exc:  # noqa: BLE001
                 log.exception("worker %s: session %s failed in chunk %d", self.worker_id, a.session_id,
                               len(compute_ms))
@@ -413,8 +441,11 @@ class WorkerService:
             return "worker shutting down"
         if self._lease_lost:
             return f"lease lost: {self._lease_lost}"
+        ended = getattr(self.runner, "end_reason", None)  # the runner's side ended it (agent left, END_CALL)
+        if ended:
+            return str(ended)
         if elapsed >= a.max_duration_s:
-            return "max duration reached"
+            return MAX_DURATION_REASON
         msg = self._in_loop(lambda: self.registry.next_message(self.worker_id, 0), None)
         if msg is None:
             return ""
@@ -472,8 +503,44 @@ def checkpoint_path(checkpoint: str) -> Path | None:
                      "weights are not fetched at run time")
 
 
+RUNNERS = ("generator", "pipeline", "livekit")
+
+
+def build_runner(args: argparse.Namespace, weights: Path | None) -> SessionRunner:
+    """The runner `--runner` names, with the model loaded (called after the worker registered as loading).
+
+    `livekit` joins each assignment's room with the assignment's URL and token; without a reachable
+    LiveKit server its sessions fail at `begin` (reported as Failed with the join error)."""
+    if args.runner == "generator":
+        return GeneratorRunner(args.preset, mode=args.mode, device=args.device, out_dir=args.out, weights=weights)
+    from vivant.worker.config import ModelConfig
+    from vivant.worker.generator import ChunkGenerator
+    from vivant.worker.vae import VAEConfig, build_vae_decoder, load_vae_decoder
+
+    cfg = ModelConfig.from_name(args.preset)
+    generator = ChunkGenerator(cfg, mode=args.mode, device=args.device, weights=weights)
+    vae_cfg = VAEConfig.for_model(cfg)
+    vae = (load_vae_decoder(vae_cfg, args.vae_weights, device=args.device) if args.vae_weights
+           else build_vae_decoder(vae_cfg, device=args.device))
+    if args.runner == "pipeline":
+        from vivant.worker.pipeline_runner import PipelineRunner
+
+        return PipelineRunner(generator, vae, out_dir=args.out)
+    from vivant.worker.livekit_avatar import LiveKitSessionRunner, ModelRenderer
+
+    return LiveKitSessionRunner(ModelRenderer(generator, vae), cfg)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     env = os.environ
+    parser.add_argument("--runner", default=env.get("VIVANT_RUNNER", "generator"), choices=RUNNERS,
+                        help="what serves a session (env VIVANT_RUNNER): generator = chunk generator fed silence, "
+                             "latents to a null/file sink; pipeline = generator + decoder + pacer, frames to a "
+                             "null/MP4 sink; livekit = join the assignment's LiveKit room as the avatar (needs a "
+                             "reachable LiveKit server)")
+    parser.add_argument("--vae-weights", default=env.get("VIVANT_VAE_WEIGHTS") or None,
+                        help="decoder safetensors (absolute path) for --runner pipeline|livekit; default: random "
+                             "weights of the preset's shapes (env VIVANT_VAE_WEIGHTS)")
     parser.add_argument("--pool", default=env.get("VIVANT_POOL"), help="WorkerPool name (env VIVANT_POOL)")
     parser.add_argument("--worker-id", default=env.get("VIVANT_WORKER_ID") or env.get("POD_NAME") or socket.gethostname(),
                         help="worker id, the pod name (env VIVANT_WORKER_ID or POD_NAME; default: hostname)")
@@ -492,7 +559,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default=env.get("VIVANT_MODEL_PRESET", "tiny"), help="model preset")
     parser.add_argument("--mode", default="optimized", choices=["optimized", "baseline"])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", default=None, help="file sink: write each chunk's latents under this folder")
+    parser.add_argument("--out", default=None, help="file sink: write each chunk's latents (--runner generator) "
+                                                     "or an MP4 per session (--runner pipeline) under this folder")
     parser.add_argument("--heartbeat-ttl", type=float, default=10.0, help="seconds without heartbeat = dead")
     parser.add_argument("--realtime", action=argparse.BooleanOptionalAction, default=True,
                         help="pace chunks at the video frame rate, as a viewer receives them (default: on; "
@@ -505,10 +573,17 @@ def run(args: argparse.Namespace) -> int:
     if not args.pool:
         print("vivant worker: --pool is required (or set VIVANT_POOL)")
         return 2
+    if args.runner not in RUNNERS:  # argparse does not check a default taken from VIVANT_RUNNER
+        print(f"vivant worker: runner: expected one of {', '.join(RUNNERS)} (--runner or VIVANT_RUNNER), "
+              f"got {args.runner!r}")
+        return 2
     try:
         weights = checkpoint_path(args.checkpoint)
     except ValueError as exc:
         print(f"vivant worker: {exc}")
+        return 2
+    if args.vae_weights and not args.vae_weights.startswith("/"):
+        print(f"vivant worker: vae-weights: expected an absolute path (a mounted volume), got {args.vae_weights!r}")
         return 2
     registry = Registry(redis_client(args.redis), heartbeat_ttl_s=args.heartbeat_ttl)
     metrics = None
@@ -517,7 +592,7 @@ def run(args: argparse.Namespace) -> int:
         serve_metrics(args.metrics_port, addr=args.metrics_addr)
 
     def load() -> SessionRunner:
-        return GeneratorRunner(args.preset, mode=args.mode, device=args.device, out_dir=args.out, weights=weights)
+        return build_runner(args, weights)
 
     info = WorkerInfo(worker_id=args.worker_id, pool=args.pool, node=args.node, model_preset=args.preset,
                       tp_size=args.tensor_parallel, capabilities=tuple(FlagValues.model_fields), warm=False)
@@ -530,6 +605,6 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    log.info("worker %s (pool %s) starting", info.worker_id, info.pool)
+    log.info("worker %s (pool %s, runner %s) starting", info.worker_id, info.pool, args.runner)
     service.run()
     return 0
