@@ -150,7 +150,8 @@ def gather_column_shards(shard: torch.Tensor, group: dist.ProcessGroup | None) -
     world = dist.get_world_size(group)
     m, nw = shard.shape
     stacked = torch.empty(world * m, nw, dtype=shard.dtype, device=shard.device)
-    dist.all_gather_into_tensor(stacked, shard, group=group)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in newer torch
+    gather(stacked, shard, group=group)
     return stacked.view(world, m, nw).permute(1, 0, 2).reshape(m, world * nw)
 
 

@@ -323,16 +323,24 @@ class LatentLink:
         return index, latents, audio[:samples].cpu().numpy()
 
 
-def run_dit_rank(rank: int, run: TPRunConfig, tp_group: dist.ProcessGroup, pair_group: dist.ProcessGroup,
-                 audio_source: Callable[[int], np.ndarray], flag_schedule: Callable[[int], dict]) -> RankReport:
-    layout, cfg = run.layout, run.model_config()
-    device = layout.device(rank)
+def build_sharded_dit(run: TPRunConfig, rank: int, tp_group: dist.ProcessGroup) -> VideoDiT:
+    """This rank's shard of the DiT, with the TP all-reduce installed. Materializes the whole model on the
+    host first (random of the exact shapes, or the checkpoint) and then slices it: right for small presets;
+    the 57b preset needs a per-shard builder (meta init + per-rank loading, as bench/gpu_step.py does)."""
+    cfg = run.model_config()
     model = init_random_(VideoDiT(cfg), seed=run.weights_seed)
     if run.weights is not None:
         from .weights import load_weights
 
         load_weights(model, run.weights)
-    model = apply_tensor_parallel(model, rank, layout.tp, group=tp_group)
+    return apply_tensor_parallel(model, rank, run.layout.tp, group=tp_group)
+
+
+def run_dit_rank(rank: int, run: TPRunConfig, tp_group: dist.ProcessGroup, pair_group: dist.ProcessGroup,
+                 audio_source: Callable[[int], np.ndarray], flag_schedule: Callable[[int], dict]) -> RankReport:
+    layout, cfg = run.layout, run.model_config()
+    device = layout.device(rank)
+    model = build_sharded_dit(run, rank, tp_group)
     gen = ChunkGenerator(cfg, mode=run.mode, device=device, seed=run.seed, model=model)
     report = RankReport(rank=rank, role=RankRole.DIT.value, device=str(device))
     is_io = rank == layout.io_rank
@@ -439,3 +447,28 @@ def launch(run: TPRunConfig, *, audio_source: Callable[[int], np.ndarray] | None
                                  sink_factory, report_dir))
         return [RankReport(**torch.load(os.path.join(report_dir, f"rank{r}.pt"), weights_only=False))
                 for r in range(world)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m vivant.worker.tp_layout --tp 4 --backend nccl --chunks 360`: one session, a JSON summary."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--tp", type=int, default=4, help="DiT ranks (the decoder rank is added: world = tp + 1)")
+    p.add_argument("--backend", choices=BACKENDS, default="nccl")
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--chunks", type=int, default=24)
+    p.add_argument("--fused-from", type=int, default=None, help="chunk index from which fusedGemmAllReduce is on")
+    args = p.parse_args(argv)
+    run = TPRunConfig(WorkerLayout(tp=args.tp, backend=args.backend), preset=args.preset, chunks=args.chunks)
+    reports = launch(run, flag_schedule=FlagsAt(args.fused_from))
+    summary = [{"rank": r.rank, "role": r.role, "device": r.device, "chunks": r.chunks,
+                "median_chunk_ms": float(np.median(r.chunk_ms)) if r.chunk_ms else None,
+                "paths": sorted(set(r.paths)), "overlap_chunks": r.overlap_chunks, "sink": r.sink} for r in reports]
+    print(json.dumps({"layout": asdict(run.layout), "preset": run.preset, "ranks": summary}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
