@@ -563,8 +563,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                      "or an MP4 per session (--runner pipeline) under this folder")
     parser.add_argument("--heartbeat-ttl", type=float, default=10.0, help="seconds without heartbeat = dead")
     parser.add_argument("--realtime", action=argparse.BooleanOptionalAction, default=True,
-                        help="pace chunks at the video frame rate, as a viewer receives them (default: on; "
-                             "--no-realtime runs as fast as the model goes, for throughput tests)")
+                        help="--runner generator: pace chunks at the video frame rate, as a viewer receives them "
+                             "(default: on; --no-realtime runs as fast as the model goes, for throughput tests). "
+                             "The pipeline and livekit runners are paced by their own playout")
     parser.add_argument("--log-level", default="INFO")
 
 
@@ -596,8 +597,10 @@ def run(args: argparse.Namespace) -> int:
 
     info = WorkerInfo(worker_id=args.worker_id, pool=args.pool, node=args.node, model_preset=args.preset,
                       tp_size=args.tensor_parallel, capabilities=tuple(FlagValues.model_fields), warm=False)
-    service = WorkerService(registry, FlagStore(registry.redis), info, load, realtime=args.realtime,
-                            metrics=metrics)
+    # The pipeline (pacer lead limit) and LiveKit (AVSynchronizer) runners pace themselves; pacing them
+    # again here would leave them no jitter buffer.
+    service = WorkerService(registry, FlagStore(registry.redis), info, load,
+                            realtime=args.realtime and args.runner == "generator", metrics=metrics)
 
     def on_signal(signum: int, _frame: object) -> None:
         log.info("worker %s: signal %d, stopping after the current chunk", info.worker_id, signum)

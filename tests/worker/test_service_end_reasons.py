@@ -280,6 +280,23 @@ class TestLiveKitRunnerEndReasons:
         w.assert_released("ns/s1")
         assert runner.watches[0].reason == EndReason.DELETED, "the runner's EndWatch should record the deletion"
 
+    def test_video_never_consumed_fails_the_session_and_releases_the_worker(self, worker):
+        """Joined but the tracks never publish (here: the framework's own AvatarRunner on a room that never
+        connects, so its lazy publication waits forever): the step gives up after `stall_timeout_s`."""
+
+        class NeverPublishes(OfflineLiveKitRunner):
+            def _avatar_runner(self, room: rtc.Room, receiver: Any, gen: VivantVideoGenerator) -> AvatarRunner:
+                return LiveKitSessionRunner._avatar_runner(self, room, receiver, gen)
+
+        runner = NeverPublishes()
+        runner.stall_timeout_s = 1.0
+        w = worker(runner)
+        w.assign(assignment())
+        final = w.ended("ns/s1")
+        assert final.phase == "Failed" and "published video stalled" in (final.end_reason or ""), final
+        w.assert_released("ns/s1")
+        assert not runner._session, "runner.end did not leave the session"
+
     def test_released_worker_serves_the_next_session(self, worker):
         runner = OfflineLiveKitRunner()
         w = worker(runner)
@@ -358,6 +375,19 @@ def test_pipeline_stops_early_and_reports_the_chunks_made():
     assert report.generated_frames_published == 12 and sink.closed, report.format_text()
 
 
+def test_pipeline_stopped_before_its_first_chunk_reports_none():
+    from vivant.worker.generator import ChunkGenerator
+    from vivant.worker.sinks import NullSink
+    from vivant.worker.vae import VAEConfig, build_vae_decoder
+
+    stop = threading.Event()
+    stop.set()
+    sink = NullSink()
+    report = StreamPipeline(ChunkGenerator(CFG), build_vae_decoder(VAEConfig.for_model(CFG)), [sink]).run(10, stop=stop)
+    assert (report.chunks, report.frames_published, sink.frames) == (0, 0, 0), report.format_text()
+    assert sink.closed, "the sinks must be closed even when no chunk was made"
+
+
 def test_pipeline_runner_serves_a_session_until_the_end_request(worker):
     args = argparse.Namespace(runner="pipeline", preset="tiny", mode="optimized", device="cpu", out=None,
                               vae_weights=None)
@@ -412,3 +442,37 @@ def test_livekit_runner_without_a_server_fails_the_session_and_releases_the_work
     assert final.phase == "Failed" and final.end_reason and "worker error" in final.end_reason, final
     assert "secret-tok" not in final.model_dump_json(), "the token leaked into the session's stats"
     w.assert_released("ns/s1")
+
+
+def test_vivant_worker_runner_pipeline_end_to_end(redis_url: str, tmp_path):
+    """The real `vivant worker --runner pipeline` process (tiny model, MP4 sink): streams a session until
+    the operator's EndRequest, reports the reason, releases itself, writes the session's video."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import av
+
+    env = {**os.environ, "VIVANT_WORKER_ID": "worker-pipe-0"}
+    proc = subprocess.Popen([sys.executable, "-m", "vivant", "worker", "--runner", "pipeline", "--pool", POOL,
+                             "--redis", redis_url, "--preset", "tiny", "--out", str(tmp_path), "--heartbeat-ttl", "3"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    reg = Registry(redis_url, heartbeat_ttl_s=3)
+    try:
+        wait_for("worker warm and idle", lambda: reg.idle_workers(POOL) == ["worker-pipe-0"], timeout=40)
+        assert reg.claim_idle_worker(POOL, "ns/cli") == "worker-pipe-0"
+        reg.send_assignment("worker-pipe-0", assignment("ns/cli", token="LK-SECRET-TOKEN-9c1e"))
+        wait_for("4 chunks", lambda: (s := reg.session_stats("ns/cli")) and s.chunks >= 4, timeout=30)
+        reg.send_end("worker-pipe-0", "ns/cli", EndReason.DELETED.value)
+        final = wait_for("ended", lambda: (s := reg.session_stats("ns/cli")) and s.phase == "Ended" and s)
+        assert final.end_reason == EndReason.DELETED.value, final
+        wait_for("released", lambda: reg.idle_workers(POOL) == ["worker-pipe-0"])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert "runner pipeline" in out and "LK-SECRET-TOKEN-9c1e" not in out, out
+    with av.open(str(tmp_path / "ns_cli.mp4")) as f:
+        frames = sum(1 for _ in f.decode(video=0))
+    assert frames == 4 * final.chunks, f"expected {4 * final.chunks} frames in the session's MP4, got {frames}"
