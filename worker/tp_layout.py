@@ -254,7 +254,8 @@ def make_groups(layout: WorkerLayout) -> tuple[dist.ProcessGroup, dist.ProcessGr
 
 def rank_main(rank: int, world_size: int, init_method: str, run: TPRunConfig,
               audio_source: Callable[[int], np.ndarray], flag_schedule: Callable[[int], dict],
-              sink_factory: Callable[[TPRunConfig], ChunkSink], report_dir: str) -> None:
+              sink_factory: Callable[[TPRunConfig], ChunkSink], report_dir: str,
+              model_factory: Callable[[TPRunConfig, int, dist.ProcessGroup], VideoDiT] | None = None) -> None:
     """Entry point of one process (the first argument is the rank, as torch.multiprocessing passes it)."""
     os.environ.update(NO_MULTICAST_ENV)
     layout = run.layout
@@ -270,7 +271,8 @@ def rank_main(rank: int, world_size: int, init_method: str, run: TPRunConfig,
     try:
         tp_group, pair_group = make_groups(layout)
         if layout.role(rank) is RankRole.DIT:
-            report = run_dit_rank(rank, run, tp_group, pair_group, audio_source, flag_schedule)
+            report = run_dit_rank(rank, run, tp_group, pair_group, audio_source, flag_schedule,
+                                  model_factory or build_sharded_dit)
         else:
             report = run_decoder_rank(rank, run, pair_group, sink_factory)
         torch.save(asdict(report), os.path.join(report_dir, f"rank{rank}.pt"))
@@ -326,7 +328,8 @@ class LatentLink:
 def build_sharded_dit(run: TPRunConfig, rank: int, tp_group: dist.ProcessGroup) -> VideoDiT:
     """This rank's shard of the DiT, with the TP all-reduce installed. Materializes the whole model on the
     host first (random of the exact shapes, or the checkpoint) and then slices it: right for small presets;
-    the 57b preset needs a per-shard builder (meta init + per-rank loading, as bench/gpu_step.py does)."""
+    the 57b preset needs a per-shard builder (meta init + per-rank loading, as bench/gpu_step.py does),
+    passed to `launch(model_factory=...)`."""
     cfg = run.model_config()
     model = init_random_(VideoDiT(cfg), seed=run.weights_seed)
     if run.weights is not None:
@@ -337,10 +340,11 @@ def build_sharded_dit(run: TPRunConfig, rank: int, tp_group: dist.ProcessGroup) 
 
 
 def run_dit_rank(rank: int, run: TPRunConfig, tp_group: dist.ProcessGroup, pair_group: dist.ProcessGroup,
-                 audio_source: Callable[[int], np.ndarray], flag_schedule: Callable[[int], dict]) -> RankReport:
+                 audio_source: Callable[[int], np.ndarray], flag_schedule: Callable[[int], dict],
+                 model_factory: Callable[[TPRunConfig, int, dist.ProcessGroup], VideoDiT]) -> RankReport:
     layout, cfg = run.layout, run.model_config()
     device = layout.device(rank)
-    model = build_sharded_dit(run, rank, tp_group)
+    model = model_factory(run, rank, tp_group)
     gen = ChunkGenerator(cfg, mode=run.mode, device=device, seed=run.seed, model=model)
     report = RankReport(rank=rank, role=RankRole.DIT.value, device=str(device))
     is_io = rank == layout.io_rank
@@ -432,10 +436,12 @@ def _free_port() -> int:
 def launch(run: TPRunConfig, *, audio_source: Callable[[int], np.ndarray] | None = None,
            flag_schedule: Callable[[int], dict] | None = None,
            sink_factory: Callable[[TPRunConfig], ChunkSink] | None = None,
+           model_factory: Callable[[TPRunConfig, int, dist.ProcessGroup], VideoDiT] | None = None,
            nprocs: int | None = None) -> list[RankReport]:
     """Spawn the layout's processes on this host, run one session, return the ranks' reports (by rank).
 
-    `nprocs` defaults to the layout's world size; another value is refused by every rank before any
+    `model_factory(run, rank, tp_group)` builds a DiT rank's shard (default `build_sharded_dit`; a 57b
+    deployment passes a per-shard builder). `nprocs` defaults to the layout's world size; another value is refused by every rank before any
     collective starts (the error names the count the layout needs)."""
     world = run.layout.world_size if nprocs is None else nprocs
     audio_source = audio_source or SilenceAudio(run.preset)
@@ -444,7 +450,7 @@ def launch(run: TPRunConfig, *, audio_source: Callable[[int], np.ndarray] | None
     with tempfile.TemporaryDirectory(prefix="vivant-tp-") as report_dir:
         mp.start_processes(rank_main, nprocs=world, join=True, start_method="spawn",
                            args=(world, f"tcp://127.0.0.1:{_free_port()}", run, audio_source, flag_schedule,
-                                 sink_factory, report_dir))
+                                 sink_factory, report_dir, model_factory))
         return [RankReport(**torch.load(os.path.join(report_dir, f"rank{r}.pt"), weights_only=False))
                 for r in range(world)]
 

@@ -2,7 +2,7 @@
 the tiny preset. 2 DiT ranks + 1 decoder rank run a 4-chunk session with the fused flag switched on at
 chunk 2 by rank 0; the latents rank 0 sends arrive at the decoder rank bit for bit, the decoder's frames
 come out to the sink and equal a local decode of the same latents, and the latents equal the unsharded
-model's. The same code at tp = 1 (1 DiT rank + 1 decoder rank). Bad layouts fail with errors naming
+model's. The same code at tp = 1 (1 DiT rank + 1 decoder rank), with a model factory passed in. Bad layouts fail with errors naming
 the field, before any collective could hang."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from torch.multiprocessing import ProcessRaisedException
 from vivant.worker.config import ConfigError, ModelConfig
 from vivant.worker.generator import ChunkGenerator
 from vivant.worker.model import VideoDiT, init_random_
+from vivant.worker.tp import apply_tensor_parallel
 from vivant.worker.tp_layout import FlagsAt, RankRole, SaveChunksSink, TPRunConfig, WorkerLayout, launch
 from vivant.worker.vae import VAEConfig, build_vae_decoder
 
@@ -45,9 +46,20 @@ class ShortAudio:
         return np.zeros(10, dtype=np.float32)
 
 
-def tp1_latents(chunks: int) -> torch.Tensor:
+@dataclass(frozen=True)
+class ShardWithSeed:
+    """A model factory of its own (as a 57b deployment passes a per-shard builder): other random weights."""
+
+    weights_seed: int
+
+    def __call__(self, run: TPRunConfig, rank: int, tp_group) -> VideoDiT:
+        return apply_tensor_parallel(init_random_(VideoDiT(run.model_config()), seed=self.weights_seed), rank,
+                                     run.layout.tp, group=tp_group)
+
+
+def tp1_latents(chunks: int, weights_seed: int = 11) -> torch.Tensor:
     cfg = ModelConfig.from_name("tiny")
-    gen = ChunkGenerator(cfg, mode="optimized", seed=0, model=init_random_(VideoDiT(cfg), seed=11))
+    gen = ChunkGenerator(cfg, mode="optimized", seed=0, model=init_random_(VideoDiT(cfg), seed=weights_seed))
     return torch.stack([gen.generate_chunk(ToneAudio()(n), cfg.audio_sample_rate).latents for n in range(chunks)])
 
 
@@ -113,13 +125,13 @@ def test_frames_come_out_of_the_decoder_rank_and_match_a_local_decode(session_2_
     assert len(reports[2].chunk_ms) == CHUNKS
 
 
-def test_same_code_at_tp1():
+def test_same_code_at_tp1_with_a_model_factory_of_its_own():
     reports = launch(TPRunConfig(WorkerLayout(tp=1, backend="gloo"), chunks=2, keep_latents=True),
-                     audio_source=ToneAudio(), flag_schedule=FlagsAt(fused_from=0))
+                     audio_source=ToneAudio(), flag_schedule=FlagsAt(fused_from=0), model_factory=ShardWithSeed(3))
     assert [r.role for r in reports] == [RankRole.DIT, RankRole.DECODER]
     assert reports[0].paths == ["no_tp", "no_tp"], "nothing to fuse at TP = 1"
     assert torch.equal(reports[0].latents, reports[1].latents)
-    err = rel(reports[0].latents, tp1_latents(2))
+    err = rel(reports[0].latents, tp1_latents(2, weights_seed=3))
     assert err < 1e-5, f"tp = 1 layout vs in-process generator: relative error {err:.3e}"
     assert reports[1].sink["frames"] == 8
 
