@@ -469,9 +469,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     run = TPRunConfig(WorkerLayout(tp=args.tp, backend=args.backend), preset=args.preset, chunks=args.chunks)
     reports = launch(run, flag_schedule=FlagsAt(args.fused_from))
+    def medians(r: RankReport) -> dict[str, float]:
+        by_path: dict[str, list[float]] = {}
+        for path, ms in zip(r.paths or ["decode"] * len(r.chunk_ms), r.chunk_ms, strict=True):
+            by_path.setdefault(path, []).append(ms)
+        return {path: round(float(np.median(v)), 2) for path, v in by_path.items()}
+
     summary = [{"rank": r.rank, "role": r.role, "device": r.device, "chunks": r.chunks,
-                "median_chunk_ms": float(np.median(r.chunk_ms)) if r.chunk_ms else None,
-                "paths": sorted(set(r.paths)), "overlap_chunks": r.overlap_chunks, "sink": r.sink} for r in reports]
+                "median_ms_by_path": medians(r), "overlap_chunks": r.overlap_chunks, "sink": r.sink} for r in reports]
     print(json.dumps({"layout": asdict(run.layout), "preset": run.preset, "ranks": summary}, indent=1))
     return 0
 
