@@ -17,7 +17,7 @@ STEPS=${STEPS:-smoke,tests,tp4,tp1,decode}  # which parts to run (comma-separate
 step() { case ",$STEPS," in *",$1,"*) ;; *) return 0;; esac; shift
          echo "=== $1"; shift; ( "$@" ) 2>&1 | tee -a "$OUT/log.txt" | tail -25; }
 step smoke "smoke: tiny on cuda, FastDiT with graphs vs baseline" python3 bench/gpu_smoke.py
-step tests "gpu tests" python3 -m pytest -q -m gpu tests/kernels tests/stream -p no:cacheprovider
+step tests "gpu tests" python3 -m pytest -q -m gpu tests/kernels tests/stream/test_decode_gpu.py -p no:cacheprovider
 step tp4 "bench step 57b tp4 rank0" python3 -m vivant bench step --preset 57b --tp 4 --rank 0 --device cuda \
     --chunks 20 --warmup 8 --numerics-chunks ${NUMERICS_CHUNKS:-104} --out "$OUT/step_57b_tp4_rank0.json"
 step tp1 "bench step 57b tp1" python3 -m vivant bench step --preset 57b --tp 1 --device cuda --mode optimized \
