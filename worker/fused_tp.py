@@ -137,10 +137,12 @@ def symm_mem_matmul_all_reduce(x: torch.Tensor, weight: torch.Tensor, group: dis
     n = weight.shape[0]
     if n % world:
         raise ValueError(f"output features N = {n} do not divide by the TP world size {world}")
+    import torch.distributed._symmetric_memory as symm_mem  # registers the op's CUDA implementation (Python)
+
     if x.is_cuda:
         op = torch.ops.symm_mem.fused_matmul_reduce_scatter
     else:  # torch's own reference of the op (GEMM, then a plain reduce-scatter): same math, no symmetric memory
-        from torch.distributed._symmetric_memory import _fused_matmul_reduce_scatter_fallback as op
+        op = symm_mem._fused_matmul_reduce_scatter_fallback
     shard = op(x, weight.t(), "sum", 1, group.group_name)  # [M, N/W], columns rank·N/W …
     return gather_column_shards(shard.contiguous(), group)
 
