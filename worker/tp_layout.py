@@ -25,7 +25,8 @@ collectives, or they deadlock). Per chunk n:
     decoder:   recv, hand to a DecoderStage thread (decode overlaps the next recv), frames
                uint8 [frames_per_chunk, H, W, 3] + PCM → the sink (pacer / LiveKit track in a deployment)
 
-The session ends when rank 0 broadcasts control n = −1 and sends header n = −1 to the decoder.
+The session ends when rank 0 broadcasts control n = −1 and sends header n = −1 to the decoder; bad input
+on rank 0 ends it the same way (what was sent is still decoded) and rank 0 then raises it.
 `launch` spawns the world with torch.multiprocessing and returns one `RankReport` per rank.
 Multicast/in-switch reduction stays off in every rank (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
 NVSHMEM_DISABLE_NVLS=1 are set before the process group exists).
@@ -270,15 +271,18 @@ def rank_main(rank: int, world_size: int, init_method: str, run: TPRunConfig,
                             device_id=device if device.type == "cuda" else None)
     try:
         tp_group, pair_group = make_groups(layout)
+        failure = None
         if layout.role(rank) is RankRole.DIT:
-            report = run_dit_rank(rank, run, tp_group, pair_group, audio_source, flag_schedule,
-                                  model_factory or build_sharded_dit)
+            report, failure = run_dit_rank(rank, run, tp_group, pair_group, audio_source, flag_schedule,
+                                           model_factory or build_sharded_dit)
         else:
             report = run_decoder_rank(rank, run, pair_group, sink_factory)
         torch.save(asdict(report), os.path.join(report_dir, f"rank{rank}.pt"))
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    if failure is not None:  # raised after every rank stopped in order, so it is the error the launcher sees
+        raise failure
 
 
 class LatentLink:
@@ -339,9 +343,22 @@ def build_sharded_dit(run: TPRunConfig, rank: int, tp_group: dist.ProcessGroup) 
     return apply_tensor_parallel(model, rank, run.layout.tp, group=tp_group)
 
 
+def _room_input(cfg: ModelConfig, n: int, audio_source: Callable[[int], np.ndarray],
+                flag_schedule: Callable[[int], dict]) -> tuple[np.ndarray, bool]:
+    """Rank 0: chunk n's PCM (checked: float32 [exact sample count]) and its fusedGemmAllReduce flag."""
+    pcm = np.asarray(audio_source(n), dtype=np.float32)
+    a, b = cfg.chunk_sample_range(n)
+    if pcm.ndim != 1 or len(pcm) != b - a:
+        raise ValueError(f"audio for chunk {n}: expected float32 [{b - a}] samples, got {list(pcm.shape)}")
+    return pcm, bool(flag_schedule(n).get("fusedGemmAllReduce", False))
+
+
 def run_dit_rank(rank: int, run: TPRunConfig, tp_group: dist.ProcessGroup, pair_group: dist.ProcessGroup,
                  audio_source: Callable[[int], np.ndarray], flag_schedule: Callable[[int], dict],
-                 model_factory: Callable[[TPRunConfig, int, dist.ProcessGroup], VideoDiT]) -> RankReport:
+                 model_factory: Callable[[TPRunConfig, int, dist.ProcessGroup], VideoDiT],
+                 ) -> tuple[RankReport, Exception | None]:
+    """Returns the report and, on rank 0, the error that ended the session early (bad input from the room
+    or the flag source): the session is then stopped on every rank first, and what was sent is decoded."""
     layout, cfg = run.layout, run.model_config()
     device = layout.device(rank)
     model = model_factory(run, rank, tp_group)
@@ -352,17 +369,19 @@ def run_dit_rank(rank: int, run: TPRunConfig, tp_group: dist.ProcessGroup, pair_
     control = torch.zeros(3, dtype=torch.int64, device=device)
     pcm_buf = torch.zeros(_max_samples(cfg), dtype=torch.float32, device=device)
     sent = []
+    failure: Exception | None = None
     n = 0
     while True:
         if is_io:  # the session's decisions, taken on rank 0 only
-            if n >= run.chunks:
+            pcm, fused = None, False
+            if n < run.chunks:
+                try:
+                    pcm, fused = _room_input(cfg, n, audio_source, flag_schedule)
+                except Exception as exc:  # noqa: BLE001 (re-raised by rank_main once every rank has stopped)
+                    failure = exc
+            if pcm is None:
                 control.copy_(torch.tensor([STOP, 0, 0]))
             else:
-                pcm = np.asarray(audio_source(n), dtype=np.float32)
-                a, b = cfg.chunk_sample_range(n)
-                if pcm.ndim != 1 or len(pcm) != b - a:
-                    raise ValueError(f"audio for chunk {n}: expected float32 [{b - a}] samples, got {list(pcm.shape)}")
-                fused = bool(flag_schedule(n).get("fusedGemmAllReduce", False))
                 control.copy_(torch.tensor([n, len(pcm), int(fused)]))
                 pcm_buf.zero_()
                 pcm_buf[: len(pcm)] = torch.from_numpy(pcm)
@@ -386,7 +405,7 @@ def run_dit_rank(rank: int, run: TPRunConfig, tp_group: dist.ProcessGroup, pair_
         link.send(STOP, None, None)
     if sent:
         report.latents = torch.stack(sent)
-    return report
+    return report, failure
 
 
 def run_decoder_rank(rank: int, run: TPRunConfig, pair_group: dist.ProcessGroup,

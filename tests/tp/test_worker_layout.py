@@ -41,9 +41,9 @@ class SaveSinkFactory:
 
 
 @dataclass(frozen=True)
-class ShortAudio:
+class ShortAudioAtChunk1:
     def __call__(self, n: int) -> np.ndarray:
-        return np.zeros(10, dtype=np.float32)
+        return np.zeros(10, dtype=np.float32) if n == 1 else ToneAudio()(n)
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,10 @@ def test_launch_without_a_decoder_rank_fails_in_every_rank_with_the_count_needed
         launch(run, nprocs=2)
 
 
-def test_bad_audio_from_the_room_names_the_chunk_and_the_expected_length():
-    run = TPRunConfig(WorkerLayout(tp=2, backend="gloo"), chunks=1)
-    with pytest.raises(ProcessRaisedException, match=r"audio for chunk 0: expected float32 \[2666\] samples, got \[10\]"):
-        launch(run, audio_source=ShortAudio())
+def test_bad_audio_from_the_room_names_the_chunk_and_stops_every_rank_in_order(tmp_path):
+    run = TPRunConfig(WorkerLayout(tp=2, backend="gloo"), chunks=3)
+    with pytest.raises(ProcessRaisedException, match=r"(?s)Process 0 .*audio for chunk 1: expected float32 \[2667\] "
+                                                     r"samples, got \[10\]"):
+        launch(run, audio_source=ShortAudioAtChunk1(), sink_factory=SaveSinkFactory(str(tmp_path)))
+    saved = sorted(p.name for p in tmp_path.iterdir())
+    assert saved == ["frames_00000.npy"], f"chunk 0 (sent before the bad input) should be decoded, got {saved}"
