@@ -172,6 +172,18 @@ def _tiny() -> ModelConfig:
     )
 
 
+def _ref() -> ModelConfig:
+    """The trained reference character (worker/train, docs/reference_model.md): 96×96 frames, 8 × 12 × 12
+    latents (8× spatial, 4× temporal VAE), 36 video + 4 audio tokens per chunk (one audio token per frame),
+    5 layers of d_model 192. t_limit 16 makes position resets frequent (every 10 chunks after the first),
+    so every session exercises the delta rotation; RoPE makes scores depend on t differences only."""
+    return ModelConfig(
+        name="ref", n_layers=5, d_model=192, n_heads=6, head_dim=32, d_ff=512,
+        latent_channels=8, latent_h=12, latent_w=12, patch=2, audio_tokens=4, audio_feature_dim=32,
+        vae_spatial=8, vae_temporal=4, sink_tokens=36, window_chunks=6, rope_dims=(12, 10, 10), t_limit=16,
+    )
+
+
 def _57b() -> ModelConfig:
     return ModelConfig(
         name="57b", n_layers=60, d_model=8192, n_heads=64, head_dim=128, d_ff=27648,
@@ -180,7 +192,7 @@ def _57b() -> ModelConfig:
     )
 
 
-PRESETS: dict[str, ModelConfig] = {"tiny": _tiny(), "57b": _57b()}
+PRESETS: dict[str, ModelConfig] = {"tiny": _tiny(), "ref": _ref(), "57b": _57b()}
 
 assert PRESETS["57b"].tokens_per_chunk == 757 and PRESETS["57b"].cache_slots == 5788
 assert math.isclose(PRESETS["57b"].chunk_seconds * 1000, 166.666, rel_tol=1e-4)

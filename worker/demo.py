@@ -1,7 +1,8 @@
 """`vivant demo`: the full streaming loop on this machine, speaking real speech, written to an MP4.
 
-What runs: the `tiny` DiT (random weights) → the causal VAE decoder on its own thread (the decoder
-stage) → the 24 fps pacer on the wall clock → sinks. The speech is a wav that espeak-ng speaks at run
+What runs: the trained reference character (`ref` preset, weights from weights/ref written by
+`vivant train ref`; the `tiny` preset with random weights when those are absent or `--preset tiny`)
+→ the causal VAE decoder on its own thread (the decoder stage) → the 24 fps pacer on the wall clock → sinks. The speech is a wav that espeak-ng speaks at run
 time (22.05 kHz, resampled to the model's 16 kHz by the audio input). The script: the character
 listens (idle chunks) for a moment, speaks a turn, listens again, starts a second turn and is
 interrupted halfway through it (`clear_buffer`), then listens until the end.
@@ -29,6 +30,7 @@ from .config import ModelConfig
 from .generator import ChunkGenerator
 from .pacer import PacerConfig
 from .pipeline import StreamPipeline
+from .ref_model import ref_paths, ref_weights_present
 from .sinks import Mp4Sink
 from .vae import VAEConfig, build_vae_decoder, load_vae_decoder
 
@@ -39,7 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, default=10.0, help="seconds of video to generate")
     p.add_argument("--out", default="out/demo.mp4", help="MP4 (content timeline) to write")
     p.add_argument("--live-out", default=None, help="also write the live timeline (stall repeats included) here")
-    p.add_argument("--preset", default="tiny")
+    p.add_argument("--preset", default=None,
+                   help="model preset (default: ref, the trained character, when weights/ref holds its weights; else tiny)")
+    p.add_argument("--weights", default=None, help="directory of the ref weights (default: weights/ref)")
     p.add_argument("--mode", default="optimized", choices=["optimized", "baseline"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--text", default=DEFAULT_TEXT, help="what the character says (spoken by espeak-ng)")
@@ -108,14 +112,17 @@ def demo_script(speech: np.ndarray, rate: int, chunks: int, chunk_s: float):
 def run(args: argparse.Namespace) -> int:
     if not args.seconds > 0:
         raise SystemExit(f"vivant demo: --seconds = {args.seconds}; expected > 0")
-    cfg = ModelConfig.from_name(args.preset)
+    preset = args.preset or ("ref" if ref_weights_present(args.weights) else "tiny")
+    cfg = ModelConfig.from_name(preset)
     vae_cfg = VAEConfig.for_model(cfg)
     with tempfile.TemporaryDirectory(prefix="vivant-demo-") as tmp:
         wav = Path(args.wav) if args.wav else speak_to_wav(args.text, Path(tmp) / "speech.wav")
         speech, rate = read_audio(wav)
     chunks = math.ceil(args.seconds / cfg.chunk_seconds)
-    gen = ChunkGenerator(cfg, mode=args.mode, seed=args.seed)
-    vae = (load_vae_decoder(vae_cfg, args.vae_weights) if args.vae_weights
+    dit_weights, vae_weights = ref_paths(args.weights) if preset == "ref" else (None, None)
+    vae_weights = args.vae_weights or vae_weights
+    gen = ChunkGenerator(cfg, mode=args.mode, seed=args.seed, weights=dit_weights)
+    vae = (load_vae_decoder(vae_cfg, vae_weights) if vae_weights
            else build_vae_decoder(vae_cfg, seed=args.seed))
     sinks = [Mp4Sink(args.out, cfg.width, cfg.height, cfg.fps, cfg.audio_sample_rate, timeline="content")]
     if args.live_out:

@@ -101,6 +101,8 @@ VAE_PRESETS: dict[str, VAEConfig] = {
     "57b": VAEConfig(name="57b", latent_h=44, latent_w=68, widths=(384, 256, 128, 64, 32)),
     # Same code and factors, small widths: 8x12 -> 128x192.
     "tiny": VAEConfig(name="tiny", latent_h=8, latent_w=12, widths=(32, 32, 16, 16, 8)),
+    # The trained reference character (worker/train): 8 ch latents at 12x12 -> 96x96, 8x spatial, 4x temporal.
+    "ref": VAEConfig(name="ref", latent_h=12, latent_w=12, widths=(64, 48, 32, 16), latent_channels=8),
 }
 
 

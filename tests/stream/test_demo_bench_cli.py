@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng missing (make sysdeps installs it)")
 def test_demo_writes_mp4_with_speech_and_prints_the_report(tmp_path, capsys):
     out, report_json = tmp_path / "demo.mp4", tmp_path / "report.json"
-    rc = main(["demo", "--seconds", "2", "--out", str(out), "--json", str(report_json),
+    rc = main(["demo", "--seconds", "2", "--out", str(out), "--json", str(report_json), "--preset", "tiny",
                "--text", "Hello there, how are you?"])
     printed = capsys.readouterr().out
     assert rc == 0, printed

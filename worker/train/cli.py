@@ -1,0 +1,109 @@
+"""`vivant train ref`: build (or read) the procedural dataset, train the VAE, then the DiT, write weights + log.
+
+    vivant train ref --device cuda --minutes 6 --seed 0 --out weights/ref
+
+The time budget is split: `--vae-share` of it (default 0.3) for the VAE, the rest for the DiT, after
+rendering the frames on the training device. Outputs in --out: ref_vae.safetensors (decoder),
+ref_vae_encoder.safetensors, ref_dit.safetensors (float16), train_log.json (every setting, the
+dataset's seed, losses over time, steps, seconds, device, torch version). The dataset is read from
+--data (default weights/ref/data/ref_data.npz, shipped); when that file is missing it is built here
+(needs espeak-ng and sox) and written there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..config import ModelConfig
+from ..model import VideoDiT
+from ..ref_model import DIT_FILE, ENCODER_FILE, VAE_FILE, default_weights_dir
+from ..vae import VAEConfig
+from .common import Log, pick_device, save_tensors
+from .dataset import build_dataset, first_clips, load_dataset, render_dataset_frames, save_dataset
+from .train_dit import train_dit
+from .train_vae import encode_all, train_vae
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("what", choices=["ref"], help="what to train (the reference character)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--minutes", type=float, default=6.0, help="training wall-clock budget (VAE + DiT)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="directory for the weights and train_log.json")
+    p.add_argument("--data", default=None, help="dataset .npz (default: weights/ref/data/ref_data.npz)")
+    p.add_argument("--clips", type=int, default=240, help="clips to speak when the dataset must be built")
+    p.add_argument("--vae-share", type=float, default=0.3, help="fraction of the budget for the VAE")
+    p.add_argument("--batch", type=int, default=None, help="DiT batch (default 64 on cuda, 4 on cpu)")
+    p.add_argument("--window", type=int, default=16, help="chunks per DiT training window")
+    p.add_argument("--max-clips", type=int, default=None, help="train on the first N clips only (quick CPU runs)")
+    p.add_argument("--build-data", action="store_true", help="only build the dataset file, then exit")
+
+
+def default_data_path() -> Path:
+    return default_weights_dir() / "data" / "ref_data.npz"
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.minutes > 0:
+        raise ValueError(f"--minutes = {args.minutes}; expected > 0")
+    if not 0 < args.vae_share < 1:
+        raise ValueError(f"--vae-share = {args.vae_share}; expected a fraction in (0, 1)")
+    cfg = ModelConfig.from_name("ref")
+    vcfg = VAEConfig.for_model(cfg)
+    log = Log()
+    data_path = Path(args.data) if args.data else default_data_path()
+    if args.build_data or not data_path.is_file():
+        log(f"building the dataset: {args.clips} clips (espeak-ng), seed {args.seed}")
+        save_dataset(build_dataset(cfg, clips=args.clips, seed=args.seed, progress=log), data_path)
+        log(f"wrote {data_path} ({data_path.stat().st_size / 1e6:.1f} MB)")
+        if args.build_data:
+            return 0
+    device = pick_device(args.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    t_start = time.perf_counter()
+    data = load_dataset(data_path, cfg)
+    if args.max_clips is not None:
+        data = first_clips(data, args.max_clips, cfg)
+    meta = json.loads(str(data["meta"]))
+    clip_chunks = data["clip_chunks"].astype(np.int64)
+    frames = render_dataset_frames(data, cfg, device=device)
+    log(f"dataset {data_path.name}: {len(clip_chunks)} clips, {int(clip_chunks.sum())} chunks, "
+        f"{frames.shape[0]} frames {tuple(frames.shape[1:])} rendered on {device}")
+    budget = args.minutes * 60.0 - (time.perf_counter() - t_start)
+    enc, dec, vae_info = train_vae(frames, clip_chunks, vcfg, seconds=args.vae_share * budget, seed=args.seed,
+                                   device=device, log=log, batch=16 if device.type == "cuda" else 2)
+    latents = encode_all(enc, frames, vcfg, device)
+    del frames
+    feats = torch.from_numpy(data["features"].astype(np.float32))
+    remaining = args.minutes * 60.0 - (time.perf_counter() - t_start) - 5.0
+    batch = args.batch or (64 if device.type == "cuda" else 4)
+    dit, dit_info = train_dit(latents, feats, clip_chunks, cfg, seconds=max(remaining, 1.0), seed=args.seed,
+                              device=device, log=log, batch=batch, window=args.window)
+    out = Path(args.out)
+    meta_st = {"preset": cfg.name, "seed": str(args.seed)}
+    save_tensors(dec.state_dict(), out / VAE_FILE, meta_st)
+    save_tensors(enc.state_dict(), out / ENCODER_FILE, meta_st)
+    save_tensors({k: v.half() for k, v in dit.state_dict().items()}, out / DIT_FILE, meta_st)
+    assert isinstance(dit, VideoDiT)
+    record = {
+        "command": f"vivant train ref --device {args.device} --minutes {args.minutes} --seed {args.seed}",
+        "preset": cfg.to_dict(), "vae_preset": vcfg.name, "seed": args.seed, "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "torch": torch.__version__, "dataset": {"path": data_path.name, "seed": meta.get("seed"),
+                                                "clips": len(clip_chunks), "chunks": int(clip_chunks.sum())},
+        "vae": vae_info, "dit": dit_info, "total_seconds": round(time.perf_counter() - t_start, 1),
+        "log": log.records,
+    }
+    (out / "train_log.json").write_text(json.dumps(record, indent=1))
+    sizes = ", ".join(f"{n} {(out / n).stat().st_size / 1e6:.1f} MB" for n in (DIT_FILE, VAE_FILE, ENCODER_FILE))
+    log(f"wrote {out}: {sizes}, train_log.json; total {record['total_seconds']} s")
+    return 0
