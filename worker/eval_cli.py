@@ -42,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, default=20.0, help="seconds of held-out speech session to generate")
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out sentences and the sampler noise")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--wav", default=None, help="use this speech file instead of held-out espeak-ng sentences")
+    p.add_argument("--wav", default=None, help="use this speech file (its first --seconds) instead of held-out "
+                   "espeak-ng sentences (weights/ref/data/held_out.wav holds such sentences)")
     p.add_argument("--max-lag", type=int, default=6, help="lip-sync lag search range (frames, ±)")
     p.add_argument("--max-lipsync-drop", type=float, default=0.01, help="relative drop allowed (0.01 = 1 %%)")
     p.add_argument("--drift-ratio", type=float, default=2.0)
@@ -104,6 +105,26 @@ def ground_truth_frames(audio: np.ndarray, cfg: ModelConfig) -> np.ndarray:
     return ((f + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
 
 
+def judge(lip_ref: float, lip_opt: float, rel_rms: list[float], max_drop: float = 0.01, drift_ratio: float = 2.0,
+          drift_floor: float = 0.05) -> dict:
+    """The gate's decision from the numbers: failures (empty = passed) with what differed."""
+    if not rel_rms:
+        raise ValueError("rel_rms: expected at least one chunk")
+    q = max(1, len(rel_rms) // 4)
+    first_q, last_q = float(np.mean(rel_rms[:q])), float(np.mean(rel_rms[-q:]))
+    drift_limit = max(drift_ratio * first_q, drift_floor)
+    drop = (lip_ref - lip_opt) / max(abs(lip_ref), 1e-6)
+    failures = []
+    if drop > max_drop:
+        failures.append(f"lip-sync: optimized {lip_opt:.4f} is {100 * drop:.2f} % below reference "
+                        f"{lip_ref:.4f} (allowed {100 * max_drop:.1f} %)")
+    if last_q > drift_limit:
+        failures.append(f"drift: latent relative RMS over the last quarter {last_q:.4f} > limit {drift_limit:.4f} "
+                        f"(first quarter {first_q:.4f})")
+    return {"drop": drop, "first_quarter": first_q, "last_quarter": last_q, "drift_limit": drift_limit,
+            "failures": failures}
+
+
 def evaluate(weights: str | None, seconds: float, seed: int, device: str = "cpu", wav: str | None = None,
              max_lag: int = 6, max_drop: float = 0.01, drift_ratio: float = 2.0, drift_floor: float = 0.05,
              video: str | None = None) -> dict:
@@ -111,7 +132,7 @@ def evaluate(weights: str | None, seconds: float, seed: int, device: str = "cpu"
     dit_path, _ = ref_paths(weights)
     _, vae = load_ref_decoder(weights, device=device)
     if wav:
-        audio, texts = read_audio_at(wav, cfg.audio_sample_rate), [str(wav)]
+        audio, texts = read_audio_at(wav, cfg.audio_sample_rate)[: int(seconds * cfg.audio_sample_rate)], [str(wav)]
     else:
         audio, texts = held_out_audio(cfg, seconds, seed)
     chunks = max(1, math.floor(len(audio) / (cfg.audio_sample_rate * cfg.chunk_seconds)))
@@ -127,17 +148,9 @@ def evaluate(weights: str | None, seconds: float, seed: int, device: str = "cpu"
     ls_ref = lip_sync(vid_ref, audio, cfg.audio_sample_rate, cfg.fps, max_lag)
     ls_opt = lip_sync(vid_opt, audio, cfg.audio_sample_rate, cfg.fps, max_lag)
     ls_gt = lip_sync(gt, audio, cfg.audio_sample_rate, cfg.fps, max_lag)
-    q = max(1, chunks // 4)
-    first_q, last_q = float(np.mean(rel[:q])), float(np.mean(rel[-q:]))
-    drift_limit = max(drift_ratio * first_q, drift_floor)
-    drop = (ls_ref.correlation - ls_opt.correlation) / max(abs(ls_ref.correlation), 1e-6)
-    failures = []
-    if drop > max_drop:
-        failures.append(f"lip-sync: optimized {ls_opt.correlation:.4f} is {100 * drop:.2f} % below reference "
-                        f"{ls_ref.correlation:.4f} (allowed {100 * max_drop:.1f} %)")
-    if last_q > drift_limit:
-        failures.append(f"drift: latent relative RMS over the last quarter {last_q:.4f} > limit {drift_limit:.4f} "
-                        f"(first quarter {first_q:.4f})")
+    g = judge(ls_ref.correlation, ls_opt.correlation, rel, max_drop, drift_ratio, drift_floor)
+    drop, first_q, last_q, drift_limit, failures = (g["drop"], g["first_quarter"], g["last_quarter"],
+                                                     g["drift_limit"], g["failures"])
     if video:
         write_side_by_side(video, [vid_ref, vid_opt, gt], audio, cfg)
     return {

@@ -77,7 +77,7 @@ def speak(text: str, *, voice: str = "en-us", speed: int = 160, sample_rate: int
                            "the GPU machine reads the prebuilt weights/ref/data/ref_data.npz instead")
     wav = subprocess.run([exe, "-v", voice, "-s", str(speed), "--stdout", text], capture_output=True, timeout=60,
                          check=True).stdout
-    raw = subprocess.run([sox, "-t", "wav", "-", "-r", str(sample_rate), "-c", "1", "-b", "16", "-e", "signed",
+    raw = subprocess.run([sox, "-D", "-t", "wav", "-", "-r", str(sample_rate), "-c", "1", "-b", "16", "-e", "signed",
                           "-t", "wav", "-"], input=wav, capture_output=True, timeout=60, check=True).stdout
     with wave.open(io.BytesIO(raw)) as w:
         pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")

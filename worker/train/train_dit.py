@@ -41,6 +41,8 @@ from ..model import VideoDiT, init_random_, timestep_embedding
 from ..positions import RingLayout, chunk_positions
 from .common import Budget, Log, sample_windows
 
+LR = 5e-4  # peak AdamW learning rate (warm-up 200 steps, cosine over the time budget)
+
 
 def stream_mask(cfg: ModelConfig, chunks: int, *, targets: bool = True) -> torch.Tensor:
     """Bool [N, N] (True = may attend), N = (2 if targets else 1)·L·T; context stream first."""
@@ -98,8 +100,8 @@ def sequence_velocity(model: VideoDiT, latents: torch.Tensor, sigmas: torch.Tens
         h = blk.norm1(x) * (1 + c1) + s1
         qkv = blk.attn.qkv(h).view(B, L2 * T, 3, H, D)
         q, k, v = qkv.unbind(2)
-        q = _rope(blk.attn.q_norm(q), cos, sin).to(h.dtype)
-        k = _rope(blk.attn.k_norm(k), cos, sin).to(h.dtype)
+        q = _rope(blk.attn.q_norm(q), cos, sin).to(v.dtype)  # attention in the projections' dtype (bf16 under
+        k = _rope(blk.attn.k_norm(k), cos, sin).to(v.dtype)  # autocast on GPU), as the cache path does
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask)
         o = blk.attn.o(o.transpose(1, 2).reshape(B, L2, T, H * D))
         x = x + g1 * o
@@ -112,7 +114,7 @@ def sequence_velocity(model: VideoDiT, latents: torch.Tensor, sigmas: torch.Tens
 
 def train_dit(latents: torch.Tensor, feats: torch.Tensor, clip_chunks: np.ndarray, cfg: ModelConfig, *,
               seconds: float, seed: int, device: torch.device, log: Log, batch: int = 32,
-              window: int = 16, ema_decay: float = 0.998) -> tuple[VideoDiT, dict]:
+              window: int = 16, ema_decay: float = 0.998, autocast_cpu: bool = False) -> tuple[VideoDiT, dict]:
     """latents [chunks, C, h, w] (unit scale), feats [chunks, A, F] → the EMA VideoDiT (float32, eval)."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed + 1)
@@ -124,18 +126,18 @@ def train_dit(latents: torch.Tensor, feats: torch.Tensor, clip_chunks: np.ndarra
         model.out.weight.zero_()
         model.out.bias.zero_()
     ema = copy.deepcopy(model).eval().requires_grad_(False)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, betas=(0.9, 0.98))
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01, betas=(0.9, 0.98))
     budget = Budget(seconds, warmup_steps=200)
     mask = stream_mask(cfg, window).to(device)
     pos = stream_positions(cfg, window, 2).to(device)
     levels = torch.tensor(cfg.sigmas, device=device)
     sigma_ctx = float(cfg.sigmas[-1])
     latents, feats = latents.to(device), feats.to(device).float()
-    amp = device.type == "cuda"
+    amp = device.type == "cuda" or autocast_cpu
     step, last_print, avg = 0, -1e9, None
     while not budget.done() or step == 0:
         for g in opt.param_groups:
-            g["lr"] = 3e-4 * budget.lr_factor(step)
+            g["lr"] = LR * budget.lr_factor(step)
         first = torch.from_numpy(sample_windows(rng, clip_chunks, window, batch)).to(device)
         idx = first[:, None] + torch.arange(window, device=device)[None]
         x0, fe = latents[idx], feats[idx]  # [B, L, C, h, w], [B, L, A, F]
@@ -146,7 +148,7 @@ def train_dit(latents: torch.Tensor, feats: torch.Tensor, clip_chunks: np.ndarra
         noise = torch.randn_like(x0)
         s = sig[..., None, None, None]
         xt = (1 - s) * x0 + s * noise
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             v = sequence_velocity(model, xt, sig, fe, mask, pos)
         loss = (v.float() - (noise - x0)).pow(2).mean()
         opt.zero_grad(set_to_none=True)

@@ -41,7 +41,8 @@ def window_frames(frames_u8: torch.Tensor, first_chunks: np.ndarray, chunks: int
 
 
 def train_vae(frames_u8: torch.Tensor, clip_chunks: np.ndarray, cfg: VAEConfig, *, seconds: float, seed: int,
-              device: torch.device, log: Log, batch: int = 8, window_chunks: int = 3) -> tuple[ChunkEncoder, VAEDecoder, dict]:
+              device: torch.device, log: Log, batch: int = 8, window_chunks: int = 3,
+              autocast_cpu: bool = False) -> tuple[ChunkEncoder, VAEDecoder, dict]:
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     enc, dec = ChunkEncoder(cfg).to(device), VAEDecoder(cfg).to(device)
@@ -51,12 +52,12 @@ def train_vae(frames_u8: torch.Tensor, clip_chunks: np.ndarray, cfg: VAEConfig, 
     weights = loss_weights(cfg, device)
     fpc = cfg.temporal_factor
     step, last_print, ema = 0, -1e9, None
-    amp = device.type == "cuda"
+    amp = device.type == "cuda" or autocast_cpu
     while not budget.done() or step == 0:
         for g in opt.param_groups:
             g["lr"] = 1e-3 * budget.lr_factor(step)
         x = window_frames(frames_u8, sample_windows(rng, clip_chunks, window_chunks, batch), window_chunks, fpc)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             z = enc(x)
             rms = z.float().pow(2).mean().sqrt().detach()
             y = dec(z + 0.05 * rms * torch.randn_like(z))
@@ -71,7 +72,7 @@ def train_vae(frames_u8: torch.Tensor, clip_chunks: np.ndarray, cfg: VAEConfig, 
         ema = val if ema is None else 0.98 * ema + 0.02 * val
         if budget.elapsed() - last_print >= 10 or budget.done():
             last_print = budget.elapsed()
-            psnr = 10 * np.log10(4.0 / max(float((y.float() - x).pow(2).mean()), 1e-10))
+            psnr = 10 * np.log10(4.0 / max(float((y.detach().float() - x).pow(2).mean()), 1e-10))
             log(f"vae step {step}: loss {ema:.5f}, psnr {psnr:.2f} dB, latent rms {float(rms):.3f}",
                 stage="vae", step=step, loss=ema, psnr_db=round(float(psnr), 2))
     enc.eval()

@@ -1,0 +1,58 @@
+"""`vivant eval quality` on a short held-out clip on CPU with the shipped `ref` weights: the same audio
+through the reference path (baseline cache, FP8 off) and the optimized one (ring FP8, delta rotation);
+the JSON contract, a position reset inside the clip, and the gate's decisions."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from vivant.cli import main
+from vivant.worker.eval_cli import judge
+from vivant.worker.ref_model import default_weights_dir
+
+HELD_OUT_WAV = default_weights_dir() / "data" / "held_out.wav"
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(["eval", "quality", "--json", "--seconds", "3", "--wav", str(HELD_OUT_WAV)])
+    doc = json.loads(buf.getvalue())
+    return rc, doc
+
+
+def test_json_reports_both_paths_and_the_comparison(report):
+    rc, r = report
+    assert r["chunks"] == 18 and r["position_resets"] >= 1, "3 s of ref = 18 chunks, one reset (t_limit 16)"
+    for k in ("lip_sync_reference", "lip_sync_optimized", "lip_sync_ground_truth", "psnr_reference_vs_optimized_db",
+              "latent_rel_rms_last_quarter"):
+        assert isinstance(r[k], float) and math.isfinite(r[k]), f"{k} = {r[k]!r}"
+    assert len(r["latent_rel_rms_per_chunk"]) == 18
+    assert r["lip_sync_ground_truth"] >= 0.8, "the proxy on the procedural ground truth of the same audio"
+    assert max(r["latent_rel_rms_per_chunk"]) > 0, "FP8 ring vs full-precision baseline cannot be bit-identical"
+    assert r["psnr_reference_vs_optimized_db"] > 20, f"the two paths' videos differ: {r['psnr_reference_vs_optimized_db']} dB"
+    assert rc == (0 if r["gate"]["passed"] else 1), f"exit code {rc} disagrees with the gate {r['gate']}"
+
+
+def test_gate_fails_on_a_lipsync_drop_over_one_percent_and_on_drift():
+    flat = [0.01] * 12
+    assert judge(0.70, 0.695, flat)["failures"] == [], "a 0.7 % drop passes"
+    fails = judge(0.70, 0.68, flat)["failures"]
+    assert len(fails) == 1 and "2.86 % below reference" in fails[0]
+    growing = [0.01] * 3 + [0.02] * 6 + [0.2] * 3
+    fails = judge(0.7, 0.7, growing)["failures"]
+    assert len(fails) == 1 and fails[0].startswith("drift: latent relative RMS over the last quarter 0.2000 > limit 0.0500")
+    assert judge(0.7, 0.72, flat)["failures"] == [], "a better optimized path is not a degradation"
+
+
+def test_eval_rejects_bad_arguments(tmp_path, capsys):
+    assert main(["eval", "quality", "--seconds", "0"]) == 2
+    assert "--seconds = 0.0; expected > 0" in capsys.readouterr().err
+    assert main(["eval", "quality", "--weights", str(tmp_path), "--seconds", "1"]) == 2
+    assert "ref_dit.safetensors is missing" in capsys.readouterr().err
