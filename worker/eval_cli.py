@@ -153,6 +153,7 @@ def evaluate(weights: str | None, seconds: float, seed: int, device: str = "cpu"
                                                      g["drift_limit"], g["failures"])
     if video:
         write_side_by_side(video, [vid_ref, vid_opt, gt], audio, cfg)
+    stability = {"reference": stability_over_time(vid_ref, gt), "optimized": stability_over_time(vid_opt, gt)}
     return {
         "preset": cfg.name, "weights": str(dit_path.parent), "device": device, "seed": seed,
         "seconds": round(chunks * cfg.chunk_seconds, 3), "chunks": chunks, "position_resets": resets,
@@ -169,9 +170,35 @@ def evaluate(weights: str | None, seconds: float, seed: int, device: str = "cpu"
         "ssim_reference_vs_optimized": round(ssim(vid_ref, vid_opt), 4),
         "psnr_vs_procedural_db": {"reference": round(psnr(vid_ref, gt), 3), "optimized": round(psnr(vid_opt, gt), 3)},
         "ssim_vs_procedural": {"reference": round(ssim(vid_ref, gt), 4), "optimized": round(ssim(vid_opt, gt), 4)},
+        "stability": stability,
         "gate": {"passed": not failures, "failures": failures, "max_lipsync_drop": max_drop,
                  "drift_limit": round(drift_limit, 6)},
     }
+
+
+def stability_over_time(video: np.ndarray, gt: np.ndarray) -> dict:
+    """Identity and flicker, first vs last quarter of the session: PSNR against the procedural character
+    outside the mouth box (dB; identity kept ⇔ no drop), and flicker = mean |frame − previous frame|
+    (0–255; flicker growth ⇔ the last quarter's is larger)."""
+    from .train.dataset import mouth_box
+
+    y0, y1, x0, x1 = mouth_box(video.shape[1], video.shape[2])
+    keep = np.ones(video.shape[1:3], bool)
+    keep[y0:y1, x0:x1] = False
+    n = len(video)
+    q = max(2, n // 4)
+
+    def ident(sl):
+        d = (video[sl].astype(np.float64) - gt[sl].astype(np.float64))[:, keep]
+        return round(float(10 * np.log10(255.0 ** 2 / max(float((d ** 2).mean()), 1e-12))), 3)
+
+    def flick(sl):
+        v = video[sl].astype(np.float64)
+        return round(float(np.abs(np.diff(v, axis=0)).mean()), 4)
+
+    first, last = slice(0, q), slice(n - q, n)
+    return {"identity_psnr_first_quarter_db": ident(first), "identity_psnr_last_quarter_db": ident(last),
+            "flicker_first_quarter": flick(first), "flicker_last_quarter": flick(last)}
 
 
 def write_side_by_side(path: str, videos: list[np.ndarray], audio: np.ndarray, cfg: ModelConfig) -> None:
@@ -204,6 +231,11 @@ def format_report(r: dict) -> str:
         f"  video opt vs ref: PSNR {r['psnr_reference_vs_optimized_db']:.2f} dB, SSIM {r['ssim_reference_vs_optimized']:.4f}",
         f"  vs procedural ground truth: PSNR ref {r['psnr_vs_procedural_db']['reference']:.2f} dB, "
         f"opt {r['psnr_vs_procedural_db']['optimized']:.2f} dB",
+        "  identity PSNR (outside the mouth) first → last quarter: "
+        + ", ".join(f"{k} {v['identity_psnr_first_quarter_db']:.2f} → {v['identity_psnr_last_quarter_db']:.2f} dB"
+                    for k, v in r["stability"].items())
+        + "; flicker " + ", ".join(f"{k} {v['flicker_first_quarter']:.2f} → {v['flicker_last_quarter']:.2f}"
+                                   for k, v in r["stability"].items()),
         "  gate: " + ("PASSED" if r["gate"]["passed"] else "FAILED: " + "; ".join(r["gate"]["failures"])),
     ]
     return "\n".join(lines)

@@ -26,7 +26,7 @@ echo "train exit $rc"
 [ "$rc" = 0 ] || exit "$rc"
 if python3 -c "import safetensors" 2>/dev/null; then
   python3 -m vivant eval quality --device cuda --weights "$OUT" --wav weights/ref/data/held_out.wav \
-      --json --video "$OUT/eval_quality.mp4" > "$OUT/eval_quality_cuda.json" 2> "$OUT/eval_quality_cuda.err"
+      --seconds 60 --json --video "$OUT/eval_quality.mp4" > "$OUT/eval_quality_cuda.json" 2> "$OUT/eval_quality_cuda.err"
   echo "eval quality (cuda) exit $?"; head -c 1500 "$OUT/eval_quality_cuda.json"; tail -5 "$OUT/eval_quality_cuda.err"
 else
   echo "eval skipped: no safetensors on this machine (carry .venv/lib/python3.11/site-packages/safetensors)"
