@@ -19,6 +19,13 @@ weights (quantized once to FP8 e4m3 with one scale per output channel), same KV 
 With a baseline-mode cache (numerics reference only) the same FP8 GEMMs run with the original per-call
 whole-cache work in place of the ring write + ring attention, eagerly.
 
+The O and down projections with their TP sums go through one swappable step, `row_parallel(a8, sa, w8,
+sw, reduce) -> bf16` (worker/fused_tp.py): `unfused_fp8_row_parallel` (the FP8 GEMM, then the block's
+all-reduce) or a `FusedFP8RowParallel` (the GEMM fused with the reduction: torch's symmetric-memory
+scaled matmul + reduce-scatter on CUDA/NCCL, chunked overlap elsewhere). `set_row_parallel_path` swaps it
+between chunks (`ChunkGenerator.apply_flags`) and drops the captured graphs, which hold the old step's
+kernels and collectives, so the next pass captures again.
+
 Static shapes are what make the graph possible: positions, ring slots, the valid mask, sigma and the
 inputs live in fixed buffers that are refilled before each replay. Chunk 0 (which also writes the sink)
 runs eagerly; every later pass replays the captured graph.
@@ -37,6 +44,7 @@ from vivant.kernels.qk_norm_rope import qk_norm_rope
 from vivant.kernels.ring_attention import ring_attention
 from vivant.kernels.rope import rope_angles
 
+from .fused_tp import FusedFP8RowParallel, FusedMethod, tp_group_of, unfused_fp8_row_parallel
 from .kv_cache import KVCache
 from .model import VideoDiT, timestep_embedding
 
@@ -44,6 +52,11 @@ log = logging.getLogger(__name__)
 
 
 class FastDiT:
+    # class-level defaults: the unfused step until `set_row_parallel_path` swaps it (an engine assembled
+    # attribute by attribute, as bench/gpu_step.py does for its FP8-only ranks, gets them too)
+    row_parallel = staticmethod(unfused_fp8_row_parallel)
+    row_parallel_path = "gemm_then_all_reduce"
+
     def __init__(self, model: VideoDiT, *, attn_backend: str = "triton", use_graphs: bool = True,
                  drop_bf16: bool = False):
         if not next(model.parameters()).is_cuda and use_graphs:
@@ -65,6 +78,28 @@ class FastDiT:
         self._static: dict[str, torch.Tensor] | None = None
         self.graph_replays = 0
         self.eager_calls = 0
+
+    # ---- the row-parallel step (between chunks only) ---------------------------------------------------
+    def set_row_parallel_path(self, *, fused: bool, method: str | FusedMethod = FusedMethod.AUTO,
+                              chunks: int = 4) -> str:
+        """Swap the O/down step between GEMM + all-reduce and the fused step; returns the path in effect:
+        "fused_gemm_all_reduce", "gemm_then_all_reduce", or "no_tp" when no block sums over a real group
+        (TP = 1, or the one-GPU simulated reduce), which then keeps the unfused step. A change drops the
+        captured CUDA graphs so the next pass captures the new step. Every TP rank must call this at the
+        same chunk boundary (the ranks must issue the same collectives)."""
+        step = FusedFP8RowParallel(method, chunks) if fused else unfused_fp8_row_parallel  # validates first
+        reduces = [mod.reduce for blk in self.m.blocks for mod in (blk.attn, blk.mlp)]
+        if all(tp_group_of(r) is False for r in reduces):
+            step, path = unfused_fp8_row_parallel, "no_tp"
+        else:
+            path = "fused_gemm_all_reduce" if fused else "gemm_then_all_reduce"
+        if step != self.row_parallel:
+            self.row_parallel = step
+            if self._graphs:
+                log.info("row-parallel step now %s: dropping %d captured CUDA graph(s)", path, len(self._graphs))
+                self._graphs.clear()
+        self.row_parallel_path = path
+        return path
 
     # ---- one pass, reading only static buffers -------------------------------------------------------
     def _attend(self, i, blk, qkv, s, cache: KVCache, sink_pos, all_valid) -> torch.Tensor:
@@ -102,10 +137,10 @@ class FastDiT:
             gate1, shift2, scale2, gate2 = mods[i, 2], mods[i, 3], mods[i, 4], mods[i, 5]
             att = self._attend(i, blk, fp8_linear(a8, a_s, wqkv, sqkv), s, cache, sink_pos, all_valid)
             o8, o_s = quant_rows(att)
-            o = blk.attn.reduce(fp8_linear(o8, o_s, wo, so))
+            o = self.row_parallel(o8, o_s, wo, so, blk.attn.reduce)
             x, h8, h_s = residual_ln_mod_quant(x, o, gate1, shift2, scale2, eps=eps)  # x += g1·o; norm2; quant
             d8, d_s = swiglu_quant(fp8_linear(h8, h_s, wgu, sgu))
-            dn = blk.mlp.reduce(fp8_linear(d8, d_s, wdn, sdn))
+            dn = self.row_parallel(d8, d_s, wdn, sdn, blk.mlp.reduce)
             if i < last:  # x += g2·down, fused with the next block's norm1 + modulation + quantization
                 x, a8, a_s = residual_ln_mod_quant(x, dn, gate2, mods[i + 1, 0], mods[i + 1, 1], eps=eps)
             else:

@@ -64,12 +64,17 @@ class ChunkGenerator:
 
     def apply_flags(self, flags: dict) -> str:
         """Between chunks only: switch the row-parallel O/down between GEMM + all-reduce and the fused
-        module (`fusedGemmAllReduce`, see worker/fused_tp.py). Returns the path now in effect; "no_tp"
-        when there is nothing to fuse (TP = 1) and "unsupported_engine" when the model is an engine
-        (e.g. FastDiT) without that swap, which then keeps running unfused."""
+        step (`fusedGemmAllReduce`, see worker/fused_tp.py). Returns the path now in effect:
+        "fused_gemm_all_reduce", "gemm_then_all_reduce", "no_tp" when there is nothing to fuse (TP = 1),
+        or "unsupported_engine" when the model is an engine without that swap (it keeps running unfused).
+        A VideoDiT swaps its modules; an engine with `set_row_parallel_path` (FastDiT) swaps its FP8 step
+        and drops its captured CUDA graphs, so the next pass captures the new step."""
         fused = bool(flags.get("fusedGemmAllReduce", False))
         if isinstance(self.model, VideoDiT):
             return set_row_parallel_path(self.model, fused=fused)
+        swap = getattr(self.model, "set_row_parallel_path", None)
+        if swap is not None:
+            return swap(fused=fused)
         hook = getattr(self.model, "apply_flags", None)
         if hook is not None:
             return hook(flags)

@@ -18,7 +18,10 @@ The model sits behind `SessionRunner` (begin / apply_flags / step / end). A runn
 own side that the session is over (the agent left the room, an END_CALL message) says so with an
 `end_reason` attribute (checked at every chunk boundary) or by raising `SessionEnded` from `step`;
 either way the session ends as `Ended` with that reason in `SessionStats.end_reason`, the runner's
-`end` runs and the worker releases its lease (idle again). `vivant worker --runner` picks the runner:
+`end` runs and the worker releases its lease (idle again). The kernel-path metric
+(`vivant_worker_kernel_path_info`) reports the row-parallel path the runner says is in effect (what
+`apply_flags` returned, e.g. "no_tp" at TP = 1 or "unsupported_engine"), not the flag that asked for it;
+only a runner that cannot tell (returns None) is reported by the requested flag. `vivant worker --runner` picks the runner:
 `generator` (`GeneratorRunner`: the chunk generator fed with silence, latents to a null or file sink),
 `pipeline` (`vivant.worker.pipeline_runner.PipelineRunner`: the full stream pipeline, decoder and
 pacer, frames to a null or MP4 sink) or `livekit` (`vivant.worker.livekit_avatar.LiveKitSessionRunner`:
@@ -84,7 +87,8 @@ class SessionEnded(Exception):  # noqa: N818 (an outcome, not an error)
 class SessionRunner(Protocol):
     """The generation side of a worker. `apply_flags` is only ever called between two `step`s.
 
-    Optional: an `end_reason` attribute (`str | None`); when it is a non-empty string at a chunk
+    Optional: a `kernel_path` attribute (`str | None`), the path in effect after `begin` applied the
+    session's flags. Optional: an `end_reason` attribute (`str | None`); when it is a non-empty string at a chunk
     boundary the service ends the session with it. `step` may also raise `SessionEnded(reason)`."""
 
     frames_per_chunk: int
@@ -92,7 +96,8 @@ class SessionRunner(Protocol):
 
     def begin(self, assignment: Assignment, flags: FlagValues) -> None: ...
 
-    def apply_flags(self, flags: FlagValues) -> None: ...
+    def apply_flags(self, flags: FlagValues) -> str | None:
+        """Apply at a chunk boundary; return the kernel path now in effect, or None if unknown."""
 
     def step(self) -> ChunkReport: ...
 
@@ -114,6 +119,7 @@ class GeneratorRunner:
         self.chunk_seconds = self.cfg.chunk_seconds
         self.out_dir = Path(out_dir) if out_dir else None
         self.flags = FlagValues()
+        self.kernel_path: str | None = None  # what the generator's apply_flags last returned
         self._session_dir: Path | None = None
 
     def begin(self, assignment: Assignment, flags: FlagValues) -> None:
@@ -123,11 +129,12 @@ class GeneratorRunner:
             self._session_dir = self.out_dir / assignment.session_id.replace("/", "_")
             self._session_dir.mkdir(parents=True, exist_ok=True)
 
-    def apply_flags(self, flags: FlagValues) -> None:
+    def apply_flags(self, flags: FlagValues) -> str | None:
         self.flags = flags
         hook = getattr(self.generator, "apply_flags", None)  # the TP generator swaps its GEMM path here
         if hook is not None:
-            hook(flags.model_dump())
+            self.kernel_path = hook(flags.model_dump())
+        return self.kernel_path
 
     def step(self) -> ChunkReport:
         n = self.generator.chunk
@@ -343,7 +350,7 @@ class WorkerService:
             self._finish(a, failed, failed.end_reason or "")
             return failed
         self._ack(a)  # the session has started: the assignment is no longer at risk
-        self._kernel_path(flags, version)
+        self._kernel_path(getattr(self.runner, "kernel_path", None), flags, version)
         log.info("worker %s: streaming session %s (flags v%d %s)", self.worker_id, a.session_id, version,
                  flags.model_dump())
 
@@ -366,8 +373,8 @@ class WorkerService:
                 new_flags = changed.with_overrides(a.flag_overrides)
                 log.info("worker %s: session %s flags v%d -> v%d %s at chunk boundary %d", self.worker_id,
                          a.session_id, version, changed.version, new_flags.model_dump(), len(compute_ms))
-                self.runner.apply_flags(new_flags)
-                self._kernel_path(new_flags, changed.version)
+                path = self.runner.apply_flags(new_flags)
+                self._kernel_path(path, new_flags, changed.version)
                 version, flags = changed.version, new_flags
             try:
                 report = self.runner.step()
@@ -432,9 +439,12 @@ class WorkerService:
             self._redis_down_until = now + self.redis_retry_s
             return default
 
-    def _kernel_path(self, flags: FlagValues, version: int) -> None:
+    def _kernel_path(self, path: object, flags: FlagValues, version: int) -> None:
+        """Report the path the runner said is in effect; the requested one only when it could not tell."""
+        if not isinstance(path, str) or not path:
+            path = FUSED_PATH if flags.fusedGemmAllReduce else UNFUSED_PATH
         if self.metrics is not None:
-            self.metrics.kernel_info(FUSED_PATH if flags.fusedGemmAllReduce else UNFUSED_PATH, version)
+            self.metrics.kernel_info(path, version)
 
     def _stop_reason(self, a: Assignment, elapsed: float) -> str:
         if self.stop.is_set():

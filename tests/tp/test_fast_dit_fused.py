@@ -1,0 +1,282 @@
+"""The FP8 engine's (worker/fast_dit.py) row-parallel step swapped between "FP8 GEMM, then all-reduce"
+and the fused step (worker/fused_tp.py `FusedFP8RowParallel`), on CPU with gloo, in spawned processes (one
+per rank) at world sizes 2 and 4. FastDiT runs eagerly (`use_graphs=False`, `attn_backend="torch"`): its
+kernels run their torch reference twins on CPU.
+
+Per world size one spawn checks, on every rank:
+* one projection with per-row scales, 51 token rows (not a multiple of 2 or 4): the chunked-overlap step
+  (1, 3 and more chunks than rows) and the symmetric-memory step (on CPU torch's reference of
+  `symm_mem::fused_scaled_matmul_reduce_scatter`, so the row padding, scatter and gather are exercised;
+  the CUDA op itself needs GPUs) against `AllReduce(fp8_linear(...))`;
+* the tiny preset, TP-sharded, one FastDiT over 6 chunks: unfused throughout, fused throughout, the
+  symmetric-memory step throughout, and the flag flipped on at chunk 2 and off at chunk 4 through
+  `ChunkGenerator.apply_flags`; the paths `apply_flags` returned; and that a swap drops the engine's
+  captured graphs (a marker entry stands in for a CUDA graph, which cannot be captured on CPU) while
+  re-applying the same path keeps them;
+and the parent checks the ranks agree bit for bit and equal the TP = 1 engine within FP8 tolerance.
+
+Tolerances: the fused steps compute the same bf16 partial products and sum them over the same ranks, so
+they differ from the unfused step only by the order in which bf16 values are added and rounded (gloo
+picks its reduction schedule by buffer size, so a row block is summed in another order than the whole
+matrix): a few bf16 ulps (2^-8 ≈ 3.9e-3). Measured at world 4: ≈ 3e-3 relative per projection and
+≈ 3.3e-3 on the latents; the bound is 1e-2 for both (a wrong block, scale or padding row is O(1)). TP = W vs TP = 1 differs by the FP8
+quantization itself (each rank's O/down weight shard and activation rows get their own scales), so that
+comparison uses the FP8-vs-float bound of tests/core/test_fast_dit_cpu.py (2e-2).
+
+The last test drives the real `WorkerService` (a real redis-server from conftest) with the real tiny
+`GeneratorRunner` and checks the kernel-path metric reports what `apply_flags` returned ("no_tp" at TP = 1),
+not the flag that asked for the fused path.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from vivant.kernels.fp8 import quantize_rows_ref
+from vivant.worker.config import ModelConfig
+from vivant.worker.fast_dit import FastDiT
+from vivant.worker.fused_tp import (
+    FusedFP8RowParallel,
+    chunked_overlap_fp8_matmul_all_reduce,
+    symm_mem_fp8_matmul_all_reduce,
+    unfused_fp8_row_parallel,
+)
+from vivant.worker.generator import ChunkGenerator
+from vivant.worker.model import VideoDiT, init_random_
+from vivant.worker.tp import AllReduce, apply_tensor_parallel
+
+CHUNKS = 6
+SWITCH = {0: False, 2: True, 4: False}  # chunk index → fusedGemmAllReduce from that chunk on
+FUSED, UNFUSED = "fused_gemm_all_reduce", "gemm_then_all_reduce"
+PROJ_TOL, LATENT_TOL, TP1_TOL = 1e-2, 1e-2, 2e-2
+
+
+def audio(cfg, n):
+    a, b = cfg.chunk_sample_range(n)
+    return (0.2 * np.sin(np.arange(a, b) * 0.05 + n)).astype(np.float32)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def run_session(cfg, engine, schedule: dict[int, bool]) -> tuple[torch.Tensor, list[str]]:
+    """6 chunks; before chunk n, `apply_flags` when the schedule names n. Returns latents [6, C, h, w] and
+    the path in effect for each chunk (as `apply_flags` returned it, or the engine's current one)."""
+    gen = ChunkGenerator(cfg, mode="optimized", seed=5, model=engine)
+    out, paths = [], []
+    for n in range(CHUNKS):
+        if n in schedule:
+            paths.append(gen.apply_flags({"fusedGemmAllReduce": schedule[n]}))
+        else:
+            paths.append(engine.row_parallel_path)
+        out.append(gen.generate_chunk(audio(cfg, n), cfg.audio_sample_rate).latents)
+    return torch.stack(out), paths
+
+
+def _projection_errors(rank: int, world: int) -> dict[str, float]:
+    """x [51 tokens, K_local] → fp8 rows with per-row scales; w [N = 64, K_local] with per-channel scales;
+    different data on every rank (each holds other heads / other columns of d_ff)."""
+    g = torch.Generator().manual_seed(100 + rank)
+    k = 64 // world
+    a8, sa = quantize_rows_ref(torch.randn(51, k, generator=g))
+    w8, sw = quantize_rows_ref(torch.randn(64, k, generator=g))
+    unfused = unfused_fp8_row_parallel(a8, sa, w8, sw, AllReduce())
+    errs = {}
+    for chunks in (1, 3, 64):
+        errs[f"overlap{chunks}"] = rel(chunked_overlap_fp8_matmul_all_reduce(a8, sa, w8, sw, None, chunks), unfused)
+    errs["auto_step"] = rel(FusedFP8RowParallel("auto")(a8, sa, w8, sw, AllReduce()), unfused)
+    errs["symm_mem_reference"] = rel(symm_mem_fp8_matmul_all_reduce(a8, sa, w8, sw, None), unfused)
+    errs["symm_mem_step"] = rel(FusedFP8RowParallel("symm_mem")(a8, sa, w8, sw, AllReduce()), unfused)
+    shapes = {tuple(chunked_overlap_fp8_matmul_all_reduce(a8, sa, w8, sw, None, 3).shape),
+              tuple(symm_mem_fp8_matmul_all_reduce(a8, sa, w8, sw, None).shape)}
+    assert shapes == {(51, 64)}, f"fused outputs have shapes {shapes}; expected (51, 64)"
+    return errs
+
+
+def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        result = _projection_errors(rank, world)
+        cfg = ModelConfig.from_name("tiny")
+        engine = FastDiT(apply_tensor_parallel(init_random_(VideoDiT(cfg), seed=11), rank, world),
+                         attn_backend="torch", use_graphs=False)
+        result["lat_unfused"], result["paths_unfused"] = run_session(cfg, engine, {0: False})
+        result["lat_fused"], result["paths_fused"] = run_session(cfg, engine, {0: True})
+        result["lat_switched"], result["paths_switched"] = run_session(cfg, engine, SWITCH)
+        result["path_symm"] = engine.set_row_parallel_path(fused=True, method="symm_mem")
+        result["lat_symm"], _ = run_session(cfg, engine, {})
+
+        # graph bookkeeping: a swap drops what was captured, re-applying the same path keeps it
+        marker = object()
+        engine._graphs["captured"] = marker
+        kept = engine.set_row_parallel_path(fused=True, method="symm_mem") == FUSED and "captured" in engine._graphs
+        dropped = engine.set_row_parallel_path(fused=False) == UNFUSED and not engine._graphs
+        result.update(graphs_kept_on_same_path=kept, graphs_dropped_on_swap=dropped)
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tp1_engine_latents():
+    cfg = ModelConfig.from_name("tiny")
+    engine = FastDiT(init_random_(VideoDiT(cfg), seed=11), attn_backend="torch", use_graphs=False)
+    lat, paths = run_session(cfg, engine, {0: True})  # the flag on at TP = 1: nothing to fuse
+    assert paths == ["no_tp"] * CHUNKS, f"TP = 1 engine paths: {paths}; expected no_tp throughout"
+    assert engine.row_parallel is unfused_fp8_row_parallel, "TP = 1 engine left the unfused step"
+    return lat
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"world{w}")
+def world_results(request, tmp_path_factory):
+    world = request.param
+    out = tmp_path_factory.mktemp(f"fast_fused_world{world}")
+    mp.start_processes(_rank_main, args=(world, _free_port(), str(out)), nprocs=world, join=True,
+                       start_method="spawn")
+    return world, [torch.load(out / f"rank{r}.pt") for r in range(world)]
+
+
+def test_fused_fp8_projection_equals_gemm_then_all_reduce(world_results):
+    world, results = world_results
+    for rank, res in enumerate(results):
+        for label in ("overlap1", "overlap3", "overlap64", "auto_step", "symm_mem_reference", "symm_mem_step"):
+            assert res[label] < PROJ_TOL, f"world {world} rank {rank} {label}: relative error {res[label]:.3e} vs unfused"
+
+
+def test_fused_engine_equals_unfused_engine(world_results):
+    world, results = world_results
+    for rank, res in enumerate(results):
+        assert res["paths_unfused"] == [UNFUSED] * CHUNKS, f"world {world} rank {rank}: {res['paths_unfused']}"
+        assert res["paths_fused"] == [FUSED] * CHUNKS, f"world {world} rank {rank}: {res['paths_fused']}"
+        assert res["path_symm"] == FUSED
+        for label in ("lat_fused", "lat_symm"):
+            err = rel(res[label], res["lat_unfused"])
+            assert err < LATENT_TOL, f"world {world} rank {rank}: {label} vs unfused latents relative error {err:.3e}"
+
+
+def test_flag_switched_at_chunk_boundaries_through_apply_flags(world_results):
+    world, results = world_results
+    expected = [UNFUSED, UNFUSED, FUSED, FUSED, UNFUSED, UNFUSED]
+    for rank, res in enumerate(results):
+        assert res["paths_switched"] == expected, f"world {world} rank {rank}: paths {res['paths_switched']}"
+        assert torch.equal(res["lat_switched"][:2], res["lat_unfused"][:2]), \
+            f"world {world} rank {rank}: chunks before the switch differ from the unfused run"
+        for n, path in enumerate(expected):
+            same = res["lat_fused"][n] if path == FUSED else res["lat_unfused"][n]
+            err = rel(res["lat_switched"][n], same)
+            assert err < LATENT_TOL, f"world {world} rank {rank} chunk {n} ({path}): switched vs uniform run {err:.3e}"
+
+
+def test_a_swap_drops_captured_graphs_and_a_repeat_keeps_them(world_results):
+    world, results = world_results
+    for rank, res in enumerate(results):
+        assert res["graphs_kept_on_same_path"], f"world {world} rank {rank}: same path re-applied dropped the graphs"
+        assert res["graphs_dropped_on_swap"], f"world {world} rank {rank}: fused → unfused kept stale graphs"
+
+
+def test_ranks_agree_and_equal_the_tp1_engine(world_results, tp1_engine_latents):
+    world, results = world_results
+    for rank, res in enumerate(results[1:], start=1):
+        for label in ("lat_unfused", "lat_fused", "lat_switched", "lat_symm"):
+            assert torch.equal(res[label], results[0][label]), f"world {world}: rank {rank} {label} differs from rank 0"
+    for label in ("lat_unfused", "lat_fused", "lat_switched", "lat_symm"):
+        err = rel(results[0][label], tp1_engine_latents)
+        assert err < TP1_TOL, f"world {world} {label}: relative error {err:.3e} vs the TP = 1 engine"
+
+
+def test_fp8_step_refuses_bad_settings_and_multicast(monkeypatch):
+    with pytest.raises(ValueError, match=r"fused method = 'nvls'; expected one of \['auto', 'symm_mem'"):
+        FusedFP8RowParallel("nvls")
+    with pytest.raises(ValueError, match="FusedFP8RowParallel.chunks = 0; expected a positive integer"):
+        FusedFP8RowParallel(chunks=0)
+    with pytest.raises(NotImplementedError, match="in_switch.*not allowed"):
+        FusedFP8RowParallel("in_switch")
+    monkeypatch.delenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", raising=False)
+    a8, sa = quantize_rows_ref(torch.randn(4, 8))
+    with pytest.raises(RuntimeError, match="TORCH_SYMM_MEM_DISABLE_MULTICAST = None; expected '1'"):
+        symm_mem_fp8_matmul_all_reduce(a8, sa, a8, sa, None)
+
+
+def test_engine_swap_refuses_a_bad_method_and_keeps_its_step():
+    cfg = ModelConfig.from_name("tiny")
+    engine = FastDiT(init_random_(VideoDiT(cfg), seed=11), attn_backend="torch", use_graphs=False)
+    with pytest.raises(ValueError, match="fused method = 'multicast'"):
+        engine.set_row_parallel_path(fused=True, method="multicast")
+    assert engine.row_parallel is unfused_fp8_row_parallel and engine.row_parallel_path == UNFUSED
+
+
+# ---- the service reports the path apply_flags returned ---------------------------------------------
+
+
+def _wait_for(what: str, cond, timeout: float = 20.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def test_service_reports_the_path_apply_flags_returned(redis_url):
+    """TP = 1 tiny generator: the fused flag is on, but there is nothing to fuse, so `apply_flags` says
+    "no_tp" and that (not "fused_gemm_all_reduce") is the live kernel path, at flag versions 0 and 1."""
+    from prometheus_client import CollectorRegistry
+    from vivant.sessions.flags import FlagStore
+    from vivant.sessions.models import Assignment, WorkerInfo
+    from vivant.sessions.registry import Registry
+    from vivant.worker.metrics import WorkerMetrics
+    from vivant.worker.service import GeneratorRunner, WorkerService
+
+    pool, wid = "gpu-k", "worker-k"
+    prom = CollectorRegistry()
+    flags = FlagStore(redis_url)
+    flags.set(pool, {"fusedGemmAllReduce": False}, actor="test")
+    runner = GeneratorRunner("tiny")
+    service = WorkerService(Registry(redis_url), FlagStore(redis_url), WorkerInfo(worker_id=wid, pool=pool), runner,
+                            poll_s=0.1, stats_interval_s=0.05, metrics=WorkerMetrics(pool=pool, registry=prom))
+    operator = Registry(redis_url)
+    thread = threading.Thread(target=service.run, daemon=True)
+    thread.start()
+    try:
+        _wait_for("worker idle", lambda: operator.idle_workers(pool) == [wid])
+        a = Assignment(session_id="ns/k1", namespace="ns", pool=pool, character="ada", room="room-1",
+                       livekit_url="wss://lk.example", agent_identity="agent-1", token="tok", max_duration_s=60)
+        assert operator.claim_idle_worker(pool, a.session_id) == wid
+        operator.send_assignment(wid, a)
+
+        def info(path: str, version: int):
+            return prom.get_sample_value("vivant_worker_kernel_path_info",
+                                         {"pool": pool, "path": path, "flag_version": str(version)})
+
+        version = flags.get(pool).version
+        _wait_for(f"kernel path no_tp at flag version {version}", lambda: info("no_tp", version))
+        assert info(UNFUSED, version) is None, "reported the flag's path, not the one apply_flags returned"
+        flags.set(pool, {"fusedGemmAllReduce": True}, actor="test")
+        _wait_for("kernel path no_tp after the fused flag", lambda: info("no_tp", version + 1))
+        assert info(FUSED, version + 1) is None, "reported fused although apply_flags said no_tp"
+        assert runner.kernel_path == "no_tp" and runner.flags.fusedGemmAllReduce
+        operator.send_end(wid, a.session_id, "done")
+        _wait_for("idle again", lambda: operator.idle_workers(pool) == [wid])
+    finally:
+        service.stop.set()
+        thread.join(timeout=15)
+    assert not thread.is_alive(), "worker did not stop"
