@@ -65,7 +65,7 @@ class FastDiT:
         self.attn_backend, self.use_graphs = attn_backend, use_graphs
         self.device = next(model.parameters()).device
         self.local_heads = model.blocks[0].attn.local_heads
-        self.mod_tables = torch.stack([blk.mod_table.detach() for blk in model.blocks])  # [L, 6, d]
+        self._mod_tables = torch.stack([blk.mod_table.detach() for blk in model.blocks])  # [L, 6, d]
         self.w = []
         for blk in model.blocks:
             packed = []
@@ -78,6 +78,15 @@ class FastDiT:
         self._static: dict[str, torch.Tensor] | None = None
         self.graph_replays = 0
         self.eager_calls = 0
+
+    @property
+    def mod_tables(self) -> torch.Tensor:
+        """Every block's modulation table stacked, [L, 6, d_model]; built on first use when the engine was
+        assembled attribute by attribute (bench/gpu_step.py) rather than by __init__."""
+        tables = self.__dict__.get("_mod_tables")
+        if tables is None:
+            tables = self._mod_tables = torch.stack([blk.mod_table.detach() for blk in self.m.blocks])
+        return tables
 
     # ---- the row-parallel step (between chunks only) ---------------------------------------------------
     def set_row_parallel_path(self, *, fused: bool, method: str | FusedMethod = FusedMethod.AUTO,
