@@ -14,7 +14,7 @@ from vivant.worker.weights import CheckpointError, load_weights, save_weights
 
 
 def test_unknown_preset_lists_the_known_ones():
-    with pytest.raises(ConfigError, match=r"unknown preset 'huge'; expected one of: 57b, tiny"):
+    with pytest.raises(ConfigError, match=r"unknown preset 'huge'; expected one of: 57b, ref, tiny"):
         ModelConfig.from_name("huge")
 
 
