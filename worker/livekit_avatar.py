@@ -399,7 +399,7 @@ class LiveKitSessionRunner:
         reset = getattr(self.renderer, "reset", None)
         if reset is not None:
             reset(assignment.seed)
-        self.apply_flags(flags)
+        self.apply_flags(flags)  # sets kernel_path, which the service reports after begin
         self._call(self._join(join), timeout=2 * self.connect_timeout_s + 5)
 
     async def _join(self, join: AvatarJoin) -> None:
@@ -431,10 +431,11 @@ class LiveKitSessionRunner:
         return AvatarOptions(video_width=g.width, video_height=g.height, video_fps=float(g.fps),
                              audio_sample_rate=g.audio_sample_rate, audio_channels=1)
 
-    def apply_flags(self, flags: Any) -> None:
+    def apply_flags(self, flags: Any) -> str | None:
+        """Returns the kernel path in effect (what the service reports), None when the generator has no hook."""
         hook = getattr(getattr(self.renderer, "generator", None), "apply_flags", None)
-        if hook is not None:
-            hook(flags.model_dump())
+        self.kernel_path = hook(flags.model_dump()) if hook is not None else None
+        return self.kernel_path
 
     @property
     def end_reason(self) -> str | None:

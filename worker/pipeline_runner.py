@@ -61,7 +61,7 @@ class PipelineRunner:
     # -- SessionRunner -------------------------------------------------------------------------
     def begin(self, assignment: Assignment, flags: FlagValues) -> None:
         self.generator.reset_session(assignment.seed)
-        self.apply_flags(flags)
+        self.apply_flags(flags)  # sets kernel_path, which the service reports after begin
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             path = self.out_dir / f"{assignment.session_id.replace('/', '_')}.mp4"
@@ -78,11 +78,12 @@ class PipelineRunner:
                                         name=f"pipeline-{assignment.session_id}")
         self._thread.start()
 
-    def apply_flags(self, flags: FlagValues) -> None:
+    def apply_flags(self, flags: FlagValues) -> str | None:
+        """Returns the kernel path in effect (what the service reports), None when the generator has no hook."""
         self.flags = flags
         hook = getattr(self.generator, "apply_flags", None)  # the TP generator swaps its GEMM path here
-        if hook is not None:
-            hook(flags.model_dump())
+        self.kernel_path = hook(flags.model_dump()) if hook is not None else None
+        return self.kernel_path
 
     def step(self) -> ChunkReport:
         if self._pipe is None:
