@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         f"{frames.shape[0]} frames {tuple(frames.shape[1:])} rendered on {device}")
     budget = args.minutes * 60.0 - (time.perf_counter() - t_start)
     enc, dec, vae_info = train_vae(frames, clip_chunks, vcfg, seconds=args.vae_share * budget, seed=args.seed,
-                                   device=device, log=log, batch=16 if device.type == "cuda" else 2)
+                                   device=device, log=log, batch=32 if device.type == "cuda" else 2)
     latents = encode_all(enc, frames, vcfg, device)
     del frames
     feats = torch.from_numpy(data["features"].astype(np.float32))

@@ -1,10 +1,11 @@
 """What both trainers share: clip windows, the time-budgeted schedule, a progress log, checkpoint writing.
 
 Training runs for a wall-clock budget (seconds), not a step count, so one command fits the GPU call it
-is given; the learning rate warms up over the first steps and decays with the fraction of the budget
-spent (cosine). Checkpoints are safetensors; on a machine without the `safetensors` package (the GPU
-machine has only torch/numpy/av) the same file format is written by hand (8-byte little-endian header
-length, JSON header with dtype/shape/offsets, raw little-endian tensor bytes).
+is given; the learning rate warms up (over its step count or the first 5 % of the budget, whichever
+ends first) and decays with the fraction of the budget spent (cosine). Checkpoints are safetensors; on
+a machine without the `safetensors` package (the GPU machine has only torch/numpy/av) the same file
+format is written by hand (8-byte little-endian header length, JSON header with dtype/shape/offsets,
+raw little-endian tensor bytes).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ class Budget:
 
     def lr_factor(self, step: int) -> float:
         frac = min(1.0, self.elapsed() / max(self.seconds, 1e-9))
-        warm = min(1.0, (step + 1) / self.warmup_steps)
+        # warm up over `warmup_steps` or the first 5 % of the budget, whichever ends first (slow CPU runs)
+        warm = min(1.0, max((step + 1) / self.warmup_steps, self.elapsed() / max(0.05 * self.seconds, 1e-9)))
         return warm * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
