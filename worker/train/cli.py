@@ -95,7 +95,10 @@ def run(args: argparse.Namespace) -> int:
     save_tensors({k: v.half() for k, v in dit.state_dict().items()}, out / DIT_FILE, meta_st)
     assert isinstance(dit, VideoDiT)
     record = {
-        "command": f"vivant train ref --device {args.device} --minutes {args.minutes} --seed {args.seed}",
+        "command": (f"vivant train ref --device {args.device} --minutes {args.minutes} --seed {args.seed} "
+                    f"--window {args.window} --vae-share {args.vae_share}"
+                    + (f" --batch {args.batch}" if args.batch else "")
+                    + (f" --max-clips {args.max_clips}" if args.max_clips is not None else "")),
         "preset": cfg.to_dict(), "vae_preset": vcfg.name, "seed": args.seed, "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__, "dataset": {"path": data_path.name, "seed": meta.get("seed"),
