@@ -10,6 +10,7 @@ MINUTES=${2:-6}
 SEED=${3:-0}
 DEVICE=${DEVICE:-cuda}  # DEVICE=cpu TRAIN_ARGS="--max-clips 2" rehearses this script on a CPU machine
 TRAIN_ARGS=${TRAIN_ARGS:-}
+EVAL_SECONDS=${EVAL_SECONDS:-60}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 PKG=$(mktemp -d)/site
@@ -29,7 +30,7 @@ echo "train exit $rc"
 [ "$rc" = 0 ] || exit "$rc"
 if python3 -c "import safetensors" 2>/dev/null; then
   python3 -m vivant eval quality --device "$DEVICE" --weights "$OUT" --wav weights/ref/data/held_out.wav \
-      --seconds 60 --json --video "$OUT/eval_quality.mp4" > "$OUT/eval_quality_cuda.json" 2> "$OUT/eval_quality_cuda.err"
+      --seconds "$EVAL_SECONDS" --json --video "$OUT/eval_quality.mp4" > "$OUT/eval_quality_cuda.json" 2> "$OUT/eval_quality_cuda.err"
   echo "eval quality ($DEVICE) exit $?"; tail -5 "$OUT/eval_quality_cuda.err"
   python3 -c "import json, sys; d = json.load(open(sys.argv[1])); d.pop('latent_rel_rms_per_chunk'); print(json.dumps(d, indent=1))" \
       "$OUT/eval_quality_cuda.json"
