@@ -47,8 +47,30 @@ def test_shipped_weights_lip_sync_on_held_out_speech(report):
     ref, opt = r["lip_sync_reference"], r["lip_sync_optimized"]
     assert ref >= 0.6, f"reference-path lip-sync r = {ref:.4f} on held-out speech; expected ≥ 0.6"
     assert opt >= ref * 0.99, f"optimized r = {opt:.4f} is more than 1 % below reference {ref:.4f}"
-    s = r["stability"]["reference"]
-    assert s["identity_psnr_last_quarter_db"] > s["identity_psnr_first_quarter_db"] - 1.0, f"identity drifts: {s}"
+
+
+@pytest.fixture(scope="module")
+def report_60s():
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(["eval", "quality", "--json", "--seconds", "60", "--wav", str(HELD_OUT_WAV)])
+    return rc, json.loads(buf.getvalue())
+
+
+def test_shipped_weights_hold_identity_over_a_minute(report_60s):
+    """The issue's ≥ 60 s bar (≥ 2 position resets): identity and flicker compared between the first and the last
+    15 s, on both paths. Quarters of a 10 s clip (2.5 s) swing by ±2.5 dB with what is being said, so identity
+    is judged on the minute only."""
+    rc, r = report_60s
+    assert r["position_resets"] >= 2, f"60 s crossed only {r['position_resets']} position resets"
+    assert rc == 0 and r["gate"]["passed"], f"the gate failed over 60 s: {r['gate']}"
+    for path in ("reference", "optimized"):
+        s = r["stability"][path]
+        assert s["identity_psnr_last_quarter_db"] > s["identity_psnr_first_quarter_db"] - 1.0, f"{path}: identity drifts: {s}"
+        assert s["flicker_last_quarter"] < 1.25 * s["flicker_first_quarter"], f"{path}: flicker grows: {s}"
 
 
 def test_gate_fails_on_a_lipsync_drop_over_one_percent_and_on_drift():
