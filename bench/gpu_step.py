@@ -57,14 +57,16 @@ def _init_(module: torch.nn.Module, gen: torch.Generator) -> None:
             p.normal_(0.0, 1.0 / math.sqrt(p.shape[1]), generator=gen)
 
 
-def build_rank(cfg: ModelConfig, tp: int, rank: int, *, keep_bf16: bool, seed: int = 0):
-    """One rank's shard, materialized block by block on the GPU (never the full model in bf16)."""
-    dev = torch.device("cuda")
+def build_rank(cfg: ModelConfig, tp: int, rank: int, *, keep_bf16: bool, seed: int = 0, reduce: str = "none",
+               device: str = "cuda"):
+    """One rank's shard, materialized block by block on the GPU (never the full model in bf16).
+    reduce="none" for the one-GPU benchmark (all-reduce left out); "dist" on a real TP group."""
+    dev = torch.device(device)
     with torch.device("meta"):
         model = VideoDiT(cfg)
     # The all-reduce is left out of the step (identity) and reported on its own line: one GPU cannot time
     # a 4-GPU NVLink reduction, and a local stand-in would only measure this GPU's memory traffic.
-    model = apply_tensor_parallel(model, rank, tp, reduce="none") if tp > 1 else model
+    model = apply_tensor_parallel(model, rank, tp, reduce=reduce) if tp > 1 else model
     gen = torch.Generator(device=dev).manual_seed(seed)
     for name, mod in model.named_children():
         if name != "blocks":
