@@ -38,6 +38,9 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         assert gen.cache.k.shape[2] == cfg.n_heads // world, "each rank caches only its heads"
         lat = [gen.generate_chunk(audio(cfg, n), cfg.audio_sample_rate).latents for n in range(CHUNKS)]
         torch.save(torch.stack(lat), os.path.join(out_dir, f"rank{rank}.pt"))
+        # every rank leaves together: a rank tearing gloo down while its peer is still in a collective can
+        # abort the process ("terminate called without an active exception", seen once in CI)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -125,6 +125,9 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         dropped = engine.set_row_parallel_path(fused=False) == UNFUSED and not engine._graphs
         result.update(graphs_kept_on_same_path=kept, graphs_dropped_on_swap=dropped)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        # every rank leaves together: a rank tearing gloo down while its peer is still in a collective can
+        # abort the process ("terminate called without an active exception", seen once in CI)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -91,6 +91,9 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         result.update(lat_unfused=lat_unfused, lat_fused=lat_fused, lat_switched=lat_switched,
                       paths_unfused=paths_unfused, paths_fused=paths_fused, paths_switched=paths_switched)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        # every rank leaves together: a rank tearing gloo down while its peer is still in a collective can
+        # abort the process ("terminate called without an active exception", seen once in CI)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
