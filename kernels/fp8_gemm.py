@@ -15,6 +15,7 @@ from vivant.kernels.fp8 import quantize_rows_ref
 
 log = logging.getLogger(__name__)
 _warned: set[str] = set()
+BACKENDS = ("auto", "cublas", "torch")
 
 
 def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,8 +39,14 @@ def fp8_linear_ref(a: torch.Tensor, sa: torch.Tensor, w: torch.Tensor, sw: torch
 def fp8_linear(a: torch.Tensor, sa: torch.Tensor, w: torch.Tensor, sw: torch.Tensor, *,
                out_dtype: torch.dtype = torch.bfloat16, backend: str = "auto") -> torch.Tensor:
     """a fp8 [M, K], sa f32 [M]; w fp8 [N, K], sw f32 [N] → [M, N] out_dtype."""
+    if backend not in BACKENDS:
+        raise ValueError(f"fp8_linear: backend must be one of {BACKENDS}, got {backend!r}")
     if a.shape[1] != w.shape[1]:
         raise ValueError(f"fp8_linear: K mismatch: a {tuple(a.shape)} vs w {tuple(w.shape)}")
+    if sa.shape != (a.shape[0],):
+        raise ValueError(f"fp8_linear: sa must have shape ({a.shape[0]},) (one scale per row of a), got {tuple(sa.shape)}")
+    if sw.shape != (w.shape[0],):
+        raise ValueError(f"fp8_linear: sw must have shape ({w.shape[0]},) (one scale per row of w), got {tuple(sw.shape)}")
     use_fast = backend in ("auto", "cublas") and a.is_cuda
     if backend == "cublas" and not a.is_cuda:
         raise RuntimeError("fp8_linear: backend='cublas' needs CUDA tensors")
