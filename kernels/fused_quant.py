@@ -59,7 +59,9 @@ if triton is not None:
     @triton.jit
     def _store_fp8_row(q_ptr, s_ptr, row, y, offs, mask, K):
         amax = tl.max(tl.where(mask, tl.abs(y), 0.0), axis=0)
-        s = tl.maximum(amax, 1e-8) / 448.0
+        # tl.max drops NaN: count them so a row holding one gets a NaN scale, as the reference twin does
+        nans = tl.sum(tl.where(mask & (y != y), 1, 0), axis=0)
+        s = tl.where(nans > 0, float("nan"), tl.maximum(amax, 1e-8) / 448.0)
         q = e4m3_grid_tl(y / s)
         tl.store(q_ptr + row * K + offs, q.to(tl.float8e4nv), mask=mask)
         tl.store(s_ptr + row, s)

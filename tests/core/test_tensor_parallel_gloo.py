@@ -6,13 +6,11 @@ include a position reset (so the per-rank delta rotation is exercised)."""
 from __future__ import annotations
 
 import os
-import socket
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_ranks import run_ranks
 from vivant.worker.config import ConfigError, ModelConfig
 from vivant.worker.generator import ChunkGenerator
 from vivant.worker.model import VideoDiT, init_random_
@@ -26,29 +24,15 @@ def audio(cfg, n):
     return (0.2 * np.sin(np.arange(a, b) * 0.05 + n)).astype(np.float32)
 
 
-def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        cfg = ModelConfig.from_name("tiny")
-        model = apply_tensor_parallel(init_random_(VideoDiT(cfg), seed=11), rank, world)
-        assert model.blocks[0].attn.local_heads == cfg.n_heads // world
-        gen = ChunkGenerator(cfg, mode="optimized", seed=5, model=model)
-        assert gen.cache.k.shape[2] == cfg.n_heads // world, "each rank caches only its heads"
-        lat = [gen.generate_chunk(audio(cfg, n), cfg.audio_sample_rate).latents for n in range(CHUNKS)]
-        torch.save(torch.stack(lat), os.path.join(out_dir, f"rank{rank}.pt"))
-        # every rank leaves together: a rank tearing gloo down while its peer is still in a collective can
-        # abort the process ("terminate called without an active exception", seen once in CI)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+def _rank_body(rank: int, world: int, out_dir: str) -> None:
+    cfg = ModelConfig.from_name("tiny")
+    model = apply_tensor_parallel(init_random_(VideoDiT(cfg), seed=11), rank, world)
+    assert model.blocks[0].attn.local_heads == cfg.n_heads // world
+    gen = ChunkGenerator(cfg, mode="optimized", seed=5, model=model)
+    assert gen.cache.k.shape[2] == cfg.n_heads // world, "each rank caches only its heads"
+    lat = [gen.generate_chunk(audio(cfg, n), cfg.audio_sample_rate).latents for n in range(CHUNKS)]
+    torch.save(torch.stack(lat), os.path.join(out_dir, f"rank{rank}.pt"))
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +44,7 @@ def reference():
 
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_sharded_model_matches_unsharded(world, reference, tmp_path):
-    mp.start_processes(_rank_main, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True,
-                       start_method="spawn")
-    for rank in range(world):
-        got = torch.load(tmp_path / f"rank{rank}.pt")
+    for rank, got in enumerate(run_ranks(_rank_body, world, tmp_path)):
         err = float((got - reference).norm() / reference.norm())
         per_chunk = [float((g - r).norm() / r.norm()) for g, r in zip(got, reference, strict=True)]
         # FP8 cache rows are per (token, head), so sharding heads does not change quantization; what remains

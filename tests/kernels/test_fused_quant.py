@@ -120,11 +120,6 @@ class TestTritonEdgeRows:
             f"LayerNorm of a zero row: scale {s[1].item():.3e}, codes {q[1].float().unique().tolist()}"
         )
 
-    @pytest.mark.xfail(strict=True, reason=(
-        "kernel bug: _store_fp8_row takes the row amax with tl.max/tl.maximum, which drop NaN, so a row "
-        "holding a NaN gets a finite scale (quant_rows 0.0078, swiglu_quant 0.014, ln_mod_quant the floor "
-        "1e-8/448) where the twin gives NaN; under the interpreter none of the row's codes is NaN either "
-        "(the NaN element came out as 0x7C = 384), so the NaN vanishes"))
     @pytest.mark.parametrize("op", ["quant_rows", "ln_mod_quant", "swiglu_quant"])
     def test_nan_in_a_row_makes_its_scale_nan_like_the_twin(self, op):
         x = torch.randn(4, 100)

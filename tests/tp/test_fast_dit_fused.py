@@ -31,15 +31,13 @@ not the flag that asked for the fused path.
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_ranks import run_ranks
 from vivant.kernels.fp8 import quantize_rows_ref
 from vivant.worker.config import ModelConfig
 from vivant.worker.fast_dit import FastDiT
@@ -102,40 +100,25 @@ def _projection_errors(rank: int, world: int) -> dict[str, float]:
     return errs
 
 
-def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
-    os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        result = _projection_errors(rank, world)
-        cfg = ModelConfig.from_name("tiny")
-        engine = FastDiT(apply_tensor_parallel(init_random_(VideoDiT(cfg), seed=11), rank, world),
-                         attn_backend="torch", use_graphs=False)
-        result["lat_unfused"], result["paths_unfused"] = run_session(cfg, engine, {0: False})
-        result["lat_fused"], result["paths_fused"] = run_session(cfg, engine, {0: True})
-        result["lat_switched"], result["paths_switched"] = run_session(cfg, engine, SWITCH)
-        result["path_symm"] = engine.set_row_parallel_path(fused=True, method="symm_mem")
-        result["lat_symm"], _ = run_session(cfg, engine, {})
+def _rank_body(rank: int, world: int, out_dir: str) -> None:
+    result = _projection_errors(rank, world)
+    cfg = ModelConfig.from_name("tiny")
+    engine = FastDiT(apply_tensor_parallel(init_random_(VideoDiT(cfg), seed=11), rank, world),
+                     attn_backend="torch", use_graphs=False)
+    result["lat_unfused"], result["paths_unfused"] = run_session(cfg, engine, {0: False})
+    result["lat_fused"], result["paths_fused"] = run_session(cfg, engine, {0: True})
+    result["lat_switched"], result["paths_switched"] = run_session(cfg, engine, SWITCH)
+    result["path_symm"] = engine.set_row_parallel_path(fused=True, method="symm_mem")
+    result["lat_symm"], _ = run_session(cfg, engine, {})
 
-        # graph bookkeeping: a swap drops what was captured, re-applying the same path keeps it
-        marker = object()
-        engine._graphs["captured"] = marker
-        kept = engine.set_row_parallel_path(fused=True, method="symm_mem") == FUSED and "captured" in engine._graphs
-        dropped = engine.set_row_parallel_path(fused=False) == UNFUSED and not engine._graphs
-        result.update(graphs_kept_on_same_path=kept, graphs_dropped_on_swap=dropped)
-        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-        # every rank leaves together: a rank tearing gloo down while its peer is still in a collective can
-        # abort the process ("terminate called without an active exception", seen once in CI)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    # graph bookkeeping: a swap drops what was captured, re-applying the same path keeps it
+    marker = object()
+    engine._graphs["captured"] = marker
+    kept = engine.set_row_parallel_path(fused=True, method="symm_mem") == FUSED and "captured" in engine._graphs
+    dropped = engine.set_row_parallel_path(fused=False) == UNFUSED and not engine._graphs
+    result.update(graphs_kept_on_same_path=kept, graphs_dropped_on_swap=dropped)
+    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -152,9 +135,7 @@ def tp1_engine_latents():
 def world_results(request, tmp_path_factory):
     world = request.param
     out = tmp_path_factory.mktemp(f"fast_fused_world{world}")
-    mp.start_processes(_rank_main, args=(world, _free_port(), str(out)), nprocs=world, join=True,
-                       start_method="spawn")
-    return world, [torch.load(out / f"rank{r}.pt") for r in range(world)]
+    return world, run_ranks(_rank_body, world, out)
 
 
 def test_fused_fp8_projection_equals_gemm_then_all_reduce(world_results):

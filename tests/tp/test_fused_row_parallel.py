@@ -15,13 +15,11 @@ and the parent checks every rank's latents against the unsharded TP = 1 model.
 from __future__ import annotations
 
 import os
-import socket
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_ranks import run_ranks
 from vivant.worker.config import ModelConfig
 from vivant.worker.fused_tp import (
     FusedMethod,
@@ -58,50 +56,35 @@ def run_session(cfg, model, schedule) -> tuple[torch.Tensor, list[str]]:
     return torch.stack(out), paths
 
 
-def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
-    os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        result = {}
-        # one projection: x [51 tokens, K_local], weight [N = 64, K_local], different data on every rank
-        g = torch.Generator().manual_seed(100 + rank)
-        linear = torch.nn.Linear(32 // world, 64, bias=False).requires_grad_(False)  # inference weights, as tp.py leaves them
-        with torch.no_grad():
-            linear.weight.copy_(torch.randn(64, 32 // world, generator=g))
-        x = torch.randn(51, 32 // world, generator=g)
-        unfused = AllReduce()(linear(x))
-        for label, method, chunks in (("overlap1", "chunked_overlap", 1), ("overlap3", "chunked_overlap", 3),
-                                      ("overlap64", "chunked_overlap", 64), ("auto", "auto", 4)):
-            fused = FusedRowParallel(linear, AllReduce(), method=method, chunks=chunks)
-            result[label] = rel(fused(x), unfused)
-        result["symm_mem_reference"] = rel(symm_mem_matmul_all_reduce(x, linear.weight, None), unfused)
-        result["leading_dims"] = rel(FusedRowParallel(linear, AllReduce(), method="chunked_overlap")(x.view(3, 17, -1)),
-                                     unfused.view(3, 17, -1))
+def _rank_body(rank: int, world: int, out_dir: str) -> None:
+    result = {}
+    # one projection: x [51 tokens, K_local], weight [N = 64, K_local], different data on every rank
+    g = torch.Generator().manual_seed(100 + rank)
+    linear = torch.nn.Linear(32 // world, 64, bias=False).requires_grad_(False)  # inference weights, as tp.py leaves them
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(64, 32 // world, generator=g))
+    x = torch.randn(51, 32 // world, generator=g)
+    unfused = AllReduce()(linear(x))
+    for label, method, chunks in (("overlap1", "chunked_overlap", 1), ("overlap3", "chunked_overlap", 3),
+                                  ("overlap64", "chunked_overlap", 64), ("auto", "auto", 4)):
+        fused = FusedRowParallel(linear, AllReduce(), method=method, chunks=chunks)
+        result[label] = rel(fused(x), unfused)
+    result["symm_mem_reference"] = rel(symm_mem_matmul_all_reduce(x, linear.weight, None), unfused)
+    result["leading_dims"] = rel(FusedRowParallel(linear, AllReduce(), method="chunked_overlap")(x.view(3, 17, -1)),
+                                 unfused.view(3, 17, -1))
 
-        # the tiny model: unfused, fused, switched at chunk boundaries
-        cfg = ModelConfig.from_name("tiny")
-        model = apply_tensor_parallel(init_random_(VideoDiT(cfg), seed=11), rank, world)
-        lat_unfused, paths_unfused = run_session(cfg, model, {0: False})
-        lat_fused, paths_fused = run_session(cfg, model, {0: True})
-        lat_switched, paths_switched = run_session(cfg, model, {0: False, **SWITCH})
-        assert set_row_parallel_path(model, fused=False) == "gemm_then_all_reduce"
-        assert row_parallel_path(model) == "gemm_then_all_reduce"
-        result.update(lat_unfused=lat_unfused, lat_fused=lat_fused, lat_switched=lat_switched,
-                      paths_unfused=paths_unfused, paths_fused=paths_fused, paths_switched=paths_switched)
-        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-        # every rank leaves together: a rank tearing gloo down while its peer is still in a collective can
-        # abort the process ("terminate called without an active exception", seen once in CI)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    # the tiny model: unfused, fused, switched at chunk boundaries
+    cfg = ModelConfig.from_name("tiny")
+    model = apply_tensor_parallel(init_random_(VideoDiT(cfg), seed=11), rank, world)
+    lat_unfused, paths_unfused = run_session(cfg, model, {0: False})
+    lat_fused, paths_fused = run_session(cfg, model, {0: True})
+    lat_switched, paths_switched = run_session(cfg, model, {0: False, **SWITCH})
+    assert set_row_parallel_path(model, fused=False) == "gemm_then_all_reduce"
+    assert row_parallel_path(model) == "gemm_then_all_reduce"
+    result.update(lat_unfused=lat_unfused, lat_fused=lat_fused, lat_switched=lat_switched,
+                  paths_unfused=paths_unfused, paths_fused=paths_fused, paths_switched=paths_switched)
+    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -117,9 +100,7 @@ def tp1_reference():
 def world_results(request, tmp_path_factory):
     world = request.param
     out = tmp_path_factory.mktemp(f"fused_world{world}")
-    mp.start_processes(_rank_main, args=(world, _free_port(), str(out)), nprocs=world, join=True,
-                       start_method="spawn")
-    return world, [torch.load(out / f"rank{r}.pt") for r in range(world)]
+    return world, run_ranks(_rank_body, world, out)
 
 
 def test_fused_projection_equals_gemm_then_all_reduce(world_results):
