@@ -1,10 +1,28 @@
 """Activation quantization fused into the op that precedes each FP8 GEMM.
 
-One program per token row (row width K: 8192 before QKV and gate/up, 2048 before O, 6912 before
-down at the 57b TP=4 shard). Each kernel reads its bf16/fp32 inputs once, computes the row in
-float32, takes the row's absolute max, and writes FP8 e4m3 values plus one float32 scale per row —
-exactly the per-row (rowwise) activation scales `torch._scaled_mm` takes. Bytes per row: 2K in,
-K + 4 out (vs. 2K in, 2K out, then 2K in, K out for an unfused norm + quantize).
+Row widths K: 8192 before QKV and gate/up, 2048 before O, 6912 before down at the 57b TP=4 shard.
+Each kernel computes a row in float32, takes the row's absolute max, and writes FP8 e4m3 values
+plus one float32 scale per row — exactly the per-row (rowwise) activation scales `torch._scaled_mm`
+takes. Bytes per row from DRAM: 2K in, K + 4 out (vs. 2K in, 2K out, then 2K in, K out for an
+unfused norm + quantize).
+
+Tiling. Each program handles ROWS rows as [ROWS, BLOCK_K] tiles. With BLOCK_K >= K (one tile) a
+kernel loads the whole rows once, reduces and stores, with every value held in registers. That
+is what bounds speed at large K: a whole 8192-wide row (x, shift, scale, the result) in registers
+leaves room for about one program per SM, so a 757-row launch runs as a few latency-bound waves
+(~1 TB/s of the H200's ~4.3). With BLOCK_K < K a kernel loops over K in passes: row statistics
+(LayerNorm kernels only), then row absmax and NaN count of the recomputed output, then quantize
+and store, recomputing each tile. It re-reads the row up to three times (mostly from L1/L2, not
+DRAM) but needs only a tile's registers, so many rows are in flight. residual_ln_mod_quant stores
+x + g·y in its first pass and re-reads that stored (rounded) residual in the later passes.
+shift/scale/gate tiles are loaded once per tile and broadcast over the ROWS rows. Both forms give
+the twins' semantics; only the float32 summation order of the statistics differs.
+
+Each launcher takes `config=(rows_per_program, block_k, num_warps)` (keyword only);
+None uses DEFAULT_CONFIGS[<kernel name>]. rows_per_program is a power of two; block_k is a power of
+two >= 16, or 0 for the whole row (next_pow2(K)); a block_k above next_pow2(K) is capped there.
+num_warps 0 means the default rule (max(1, min(16, rows_per_program·block_k // 512))). Anything else
+raises ValueError naming `config`.
 
   ln_mod_quant(x, shift, scale)  LayerNorm (no affine) → y·(1 + scale) + shift → FP8 rows
   swiglu_quant(gu)               gu = [gate | up] (2F wide) → silu(gate)·up → FP8 rows
@@ -36,8 +54,14 @@ def ln_mod_quant_ref(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, 
     return quantize_rows_ref(y)
 
 
-def residual_ln_mod_quant_ref(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, shift: torch.Tensor,
-                              scale: torch.Tensor, eps: float = 1e-6):
+def residual_ln_mod_quant_ref(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    gate: torch.Tensor,
+    shift: torch.Tensor,
+    scale: torch.Tensor,
+    eps: float = 1e-6,
+):
     """x_new = x + gate·y (in x's dtype), then ln_mod_quant(x_new): returns (x_new, fp8 rows, scales)."""
     x_new = (x.float() + gate.float() * y.float()).to(x.dtype)
     q, s = ln_mod_quant_ref(x_new, shift, scale, eps)
@@ -54,101 +78,393 @@ def quant_rows_ref(x: torch.Tensor):
 
 
 # ---- Triton -------------------------------------------------------------------------------------------
+# Every kernel below works on [ROWS, BLOCK_K] tiles: program p owns rows p·ROWS … p·ROWS + ROWS − 1 (rows ≥ M
+# are masked off) and walks the row width in BLOCK_K-wide tiles. ONE_TILE (BLOCK_K ≥ K, set by the launcher)
+# keeps the one-pass form: load everything, reduce, store. Otherwise the kernel loops over K in passes
+# (statistics → absmax/NaN count → quantize + store), recomputing the row's values per tile; per-row
+# accumulators stay elementwise ([ROWS, BLOCK_K]) inside a loop and are reduced once after it.
 if triton is not None:
 
     @triton.jit
-    def _store_fp8_row(q_ptr, s_ptr, row, y, offs, mask, K):
-        amax = tl.max(tl.where(mask, tl.abs(y), 0.0), axis=0)
-        # tl.max drops NaN: count them so a row holding one gets a NaN scale, as the reference twin does
-        nans = tl.sum(tl.where(mask & (y != y), 1, 0), axis=0)
-        s = tl.where(nans > 0, float("nan"), tl.maximum(amax, 1e-8) / 448.0)
-        q = e4m3_grid_tl(y / s)
-        tl.store(q_ptr + row * K + offs, q.to(tl.float8e4nv), mask=mask)
-        tl.store(s_ptr + row, s)
+    def _tile(row0, k0, M, K, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+        """Row indices [ROWS], column indices [BLOCK_K], column mask [BLOCK_K], element mask [ROWS, BLOCK_K]."""
+        rows = row0 + tl.arange(0, ROWS)
+        cols = k0 + tl.arange(0, BLOCK_K)
+        cmask = cols < K
+        mask = (rows < M)[:, None] & cmask[None, :]
+        return rows, cols, cmask, mask
 
     @triton.jit
-    def _ln_mod_quant_kernel(x_ptr, shift_ptr, scale_ptr, q_ptr, s_ptr, K, stride_x, eps, BLOCK: tl.constexpr):
-        # every load is issued before the first reduction, and mean and mean-square reduce side by side
-        # (var = E[x²] − E[x]², float32): two dependent reduction steps per row instead of four
-        row = tl.program_id(0)
-        offs = tl.arange(0, BLOCK)
-        mask = offs < K
-        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-        sh = tl.load(shift_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        sc = tl.load(scale_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        mean = tl.sum(x, axis=0) / K
-        var = tl.maximum(tl.sum(x * x, axis=0) / K - mean * mean, 0.0)
-        y = (x - mean) * (1.0 / tl.sqrt(var + eps))
-        _store_fp8_row(q_ptr, s_ptr, row, y * (1.0 + sc) + sh, offs, mask, K)
+    def _absmax_nans(y, mask):
+        """Elementwise contributions to the row absmax and the row NaN count (reduce along axis 1 later)."""
+        return tl.where(mask, tl.abs(y), 0.0), tl.where(mask & (y != y), 1, 0)
 
     @triton.jit
-    def _residual_ln_mod_quant_kernel(x_ptr, y_ptr, gate_ptr, shift_ptr, scale_ptr, xo_ptr, q_ptr, s_ptr, K, stride_x,
-                                      stride_y, eps, BLOCK: tl.constexpr):
-        row = tl.program_id(0)
-        offs = tl.arange(0, BLOCK)
-        mask = offs < K
-        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-        y = tl.load(y_ptr + row * stride_y + offs, mask=mask, other=0.0).to(tl.float32)
-        g = tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        sh = tl.load(shift_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        sc = tl.load(scale_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        xn = (x + g * y).to(xo_ptr.dtype.element_ty)
-        tl.store(xo_ptr + row * K + offs, xn, mask=mask)
-        x = tl.where(mask, xn.to(tl.float32), 0.0)  # normalize what was stored, as the reference does
-        mean = tl.sum(x, axis=0) / K
-        var = tl.maximum(tl.sum(x * x, axis=0) / K - mean * mean, 0.0)
-        yv = (x - mean) * (1.0 / tl.sqrt(var + eps))
-        _store_fp8_row(q_ptr, s_ptr, row, yv * (1.0 + sc) + sh, offs, mask, K)
+    def _row_scale(amax_tile, nan_tile):
+        """Per-row FP8 scale from elementwise accumulators [ROWS, BLOCK_K]: NaN if the row holds a NaN
+        (tl.max drops NaN, so they are counted — the reference twin's scale is NaN then), else
+        max(amax, 1e-8) / 448."""
+        amax = tl.max(amax_tile, axis=1)
+        nans = tl.sum(nan_tile, axis=1)
+        return tl.where(nans > 0, float("nan"), tl.maximum(amax, 1e-8) / 448.0)
 
     @triton.jit
-    def _swiglu_quant_kernel(gu_ptr, q_ptr, s_ptr, F, stride_gu, BLOCK: tl.constexpr):
-        row = tl.program_id(0)
-        offs = tl.arange(0, BLOCK)
-        mask = offs < F
-        g = tl.load(gu_ptr + row * stride_gu + offs, mask=mask, other=0.0).to(tl.float32)
-        u = tl.load(gu_ptr + row * stride_gu + F + offs, mask=mask, other=0.0).to(tl.float32)
-        y = g / (1.0 + tl.exp(-g)) * u
-        _store_fp8_row(q_ptr, s_ptr, row, y, offs, mask, F)
+    def _store_fp8_tile(q_ptr, rows, cols, mask, y, s, K):
+        """Quantize a [ROWS, BLOCK_K] tile with the per-row scales s [ROWS] (e4m3 grid rounding, then the cast)."""
+        q = e4m3_grid_tl(y / s[:, None])
+        tl.store(q_ptr + rows[:, None] * K + cols[None, :], q.to(tl.float8e4nv), mask=mask)
 
     @triton.jit
-    def _quant_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, BLOCK: tl.constexpr):
-        row = tl.program_id(0)
-        offs = tl.arange(0, BLOCK)
-        mask = offs < K
-        y = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-        _store_fp8_row(q_ptr, s_ptr, row, y, offs, mask, K)
+    def _mod(xhat, sc, sh):
+        """Modulation of a normalized tile by per-column vectors broadcast across the tile's rows."""
+        return xhat * (1.0 + sc[None, :]) + sh[None, :]
+
+    @triton.jit
+    def _ln_stats(sum_tile, sq_tile, K, eps):
+        # var = E[x²] − E[x]² in float32, floored at 0: mean and mean-square reduce side by side
+        mean = tl.sum(sum_tile, axis=1) / K
+        var = tl.maximum(tl.sum(sq_tile, axis=1) / K - mean * mean, 0.0)
+        return mean, 1.0 / tl.sqrt(var + eps)
+
+    @triton.jit
+    def _ln_mod_quant_kernel(
+        x_ptr,
+        shift_ptr,
+        scale_ptr,
+        q_ptr,
+        s_ptr,
+        M,
+        K,
+        stride_x,
+        eps,
+        ROWS: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        ONE_TILE: tl.constexpr,
+    ):
+        row0 = tl.program_id(0) * ROWS
+        if ONE_TILE:
+            # every load is issued before the first reduction: two dependent reduction steps per row
+            rows, cols, cmask, mask = _tile(row0, 0, M, K, ROWS, BLOCK_K)
+            x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            sh = tl.load(shift_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+            sc = tl.load(scale_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+            mean, rstd = _ln_stats(x, x * x, K, eps)
+            y = _mod((x - mean[:, None]) * rstd[:, None], sc, sh)
+            amax_t, nan_t = _absmax_nans(y, mask)
+            s = _row_scale(amax_t, nan_t)
+            _store_fp8_tile(q_ptr, rows, cols, mask, y, s, K)
+        else:
+            acc_s = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
+            acc_q = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
+            # pass 1: row statistics
+            for k0 in range(0, K, BLOCK_K):
+                rows, cols, cmask, mask = _tile(row0, k0, M, K, ROWS, BLOCK_K)
+                x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(
+                    tl.float32
+                )
+                acc_s += x
+                acc_q += x * x
+            mean, rstd = _ln_stats(acc_s, acc_q, K, eps)
+            amax_t = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
+            nan_t = tl.zeros([ROWS, BLOCK_K], dtype=tl.int32)
+            # pass 2: row absmax and NaN count of the modulated values
+            for k0 in range(0, K, BLOCK_K):
+                rows, cols, cmask, mask = _tile(row0, k0, M, K, ROWS, BLOCK_K)
+                x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(
+                    tl.float32
+                )
+                sh = tl.load(shift_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+                sc = tl.load(scale_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+                a, n = _absmax_nans(_mod((x - mean[:, None]) * rstd[:, None], sc, sh), mask)
+                amax_t = tl.maximum(amax_t, a)
+                nan_t += n
+            s = _row_scale(amax_t, nan_t)
+            # pass 3: quantize and store
+            for k0 in range(0, K, BLOCK_K):
+                rows, cols, cmask, mask = _tile(row0, k0, M, K, ROWS, BLOCK_K)
+                x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(
+                    tl.float32
+                )
+                sh = tl.load(shift_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+                sc = tl.load(scale_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+                _store_fp8_tile(
+                    q_ptr, rows, cols, mask, _mod((x - mean[:, None]) * rstd[:, None], sc, sh), s, K
+                )
+        rows = row0 + tl.arange(0, ROWS)
+        tl.store(s_ptr + rows, s, mask=rows < M)
+
+    @triton.jit
+    def _residual_ln_mod_quant_kernel(
+        x_ptr,
+        y_ptr,
+        gate_ptr,
+        shift_ptr,
+        scale_ptr,
+        xo_ptr,
+        q_ptr,
+        s_ptr,
+        M,
+        K,
+        stride_x,
+        stride_y,
+        eps,
+        ROWS: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        ONE_TILE: tl.constexpr,
+    ):
+        row0 = tl.program_id(0) * ROWS
+        if ONE_TILE:
+            rows, cols, cmask, mask = _tile(row0, 0, M, K, ROWS, BLOCK_K)
+            x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            y = tl.load(y_ptr + rows[:, None] * stride_y + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            g = tl.load(gate_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+            sh = tl.load(shift_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+            sc = tl.load(scale_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+            xn = (x + g[None, :] * y).to(xo_ptr.dtype.element_ty)
+            tl.store(xo_ptr + rows[:, None] * K + cols[None, :], xn, mask=mask)
+            x = tl.where(mask, xn.to(tl.float32), 0.0)  # normalize what was stored, as the reference does
+            mean, rstd = _ln_stats(x, x * x, K, eps)
+            yv = _mod((x - mean[:, None]) * rstd[:, None], sc, sh)
+            amax_t, nan_t = _absmax_nans(yv, mask)
+            s = _row_scale(amax_t, nan_t)
+            _store_fp8_tile(q_ptr, rows, cols, mask, yv, s, K)
+        else:
+            acc_s = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
+            acc_q = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
+            # pass 1: x + g·y rounded to x's dtype, stored, and its statistics
+            for k0 in range(0, K, BLOCK_K):
+                rows, cols, cmask, mask = _tile(row0, k0, M, K, ROWS, BLOCK_K)
+                x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(
+                    tl.float32
+                )
+                y = tl.load(y_ptr + rows[:, None] * stride_y + cols[None, :], mask=mask, other=0.0).to(
+                    tl.float32
+                )
+                g = tl.load(gate_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+                xn = (x + g[None, :] * y).to(xo_ptr.dtype.element_ty)
+                tl.store(xo_ptr + rows[:, None] * K + cols[None, :], xn, mask=mask)
+                x = tl.where(mask, xn.to(tl.float32), 0.0)
+                acc_s += x
+                acc_q += x * x
+            mean, rstd = _ln_stats(acc_s, acc_q, K, eps)
+            # passes 2 and 3 re-read xo, which this program just wrote: make every thread's stores visible first
+            tl.debug_barrier()
+            amax_t = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
+            nan_t = tl.zeros([ROWS, BLOCK_K], dtype=tl.int32)
+            # pass 2: row absmax and NaN count
+            for k0 in range(0, K, BLOCK_K):
+                rows, cols, cmask, mask = _tile(row0, k0, M, K, ROWS, BLOCK_K)
+                x = tl.load(xo_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+                sh = tl.load(shift_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+                sc = tl.load(scale_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+                a, n = _absmax_nans(_mod((x - mean[:, None]) * rstd[:, None], sc, sh), mask)
+                amax_t = tl.maximum(amax_t, a)
+                nan_t += n
+            s = _row_scale(amax_t, nan_t)
+            # pass 3: quantize and store
+            for k0 in range(0, K, BLOCK_K):
+                rows, cols, cmask, mask = _tile(row0, k0, M, K, ROWS, BLOCK_K)
+                x = tl.load(xo_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+                sh = tl.load(shift_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+                sc = tl.load(scale_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+                _store_fp8_tile(
+                    q_ptr, rows, cols, mask, _mod((x - mean[:, None]) * rstd[:, None], sc, sh), s, K
+                )
+        rows = row0 + tl.arange(0, ROWS)
+        tl.store(s_ptr + rows, s, mask=rows < M)
+
+    @triton.jit
+    def _swiglu_tile(gu_ptr, rows, cols, mask, F, stride_gu):
+        g = tl.load(gu_ptr + rows[:, None] * stride_gu + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(gu_ptr + rows[:, None] * stride_gu + F + cols[None, :], mask=mask, other=0.0).to(
+            tl.float32
+        )
+        return g / (1.0 + tl.exp(-g)) * u
+
+    @triton.jit
+    def _swiglu_quant_kernel(
+        gu_ptr,
+        q_ptr,
+        s_ptr,
+        M,
+        F,
+        stride_gu,
+        ROWS: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        ONE_TILE: tl.constexpr,
+    ):
+        row0 = tl.program_id(0) * ROWS
+        if ONE_TILE:
+            rows, cols, cmask, mask = _tile(row0, 0, M, F, ROWS, BLOCK_K)
+            y = _swiglu_tile(gu_ptr, rows, cols, mask, F, stride_gu)
+            amax_t, nan_t = _absmax_nans(y, mask)
+            s = _row_scale(amax_t, nan_t)
+            _store_fp8_tile(q_ptr, rows, cols, mask, y, s, F)
+        else:
+            amax_t = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
+            nan_t = tl.zeros([ROWS, BLOCK_K], dtype=tl.int32)
+            # pass 2 (no statistics pass): row absmax and NaN count
+            for k0 in range(0, F, BLOCK_K):
+                rows, cols, cmask, mask = _tile(row0, k0, M, F, ROWS, BLOCK_K)
+                a, n = _absmax_nans(_swiglu_tile(gu_ptr, rows, cols, mask, F, stride_gu), mask)
+                amax_t = tl.maximum(amax_t, a)
+                nan_t += n
+            s = _row_scale(amax_t, nan_t)
+            # pass 3: quantize and store
+            for k0 in range(0, F, BLOCK_K):
+                rows, cols, cmask, mask = _tile(row0, k0, M, F, ROWS, BLOCK_K)
+                _store_fp8_tile(
+                    q_ptr, rows, cols, mask, _swiglu_tile(gu_ptr, rows, cols, mask, F, stride_gu), s, F
+                )
+        rows = row0 + tl.arange(0, ROWS)
+        tl.store(s_ptr + rows, s, mask=rows < M)
+
+    @triton.jit
+    def _quant_rows_kernel(
+        x_ptr, q_ptr, s_ptr, M, K, stride_x, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, ONE_TILE: tl.constexpr
+    ):
+        row0 = tl.program_id(0) * ROWS
+        if ONE_TILE:
+            rows, cols, cmask, mask = _tile(row0, 0, M, K, ROWS, BLOCK_K)
+            y = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            amax_t, nan_t = _absmax_nans(y, mask)
+            s = _row_scale(amax_t, nan_t)
+            _store_fp8_tile(q_ptr, rows, cols, mask, y, s, K)
+        else:
+            amax_t = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
+            nan_t = tl.zeros([ROWS, BLOCK_K], dtype=tl.int32)
+            # pass 2 (no statistics pass): row absmax and NaN count
+            for k0 in range(0, K, BLOCK_K):
+                rows, cols, cmask, mask = _tile(row0, k0, M, K, ROWS, BLOCK_K)
+                y = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(
+                    tl.float32
+                )
+                a, n = _absmax_nans(y, mask)
+                amax_t = tl.maximum(amax_t, a)
+                nan_t += n
+            s = _row_scale(amax_t, nan_t)
+            # pass 3: quantize and store
+            for k0 in range(0, K, BLOCK_K):
+                rows, cols, cmask, mask = _tile(row0, k0, M, K, ROWS, BLOCK_K)
+                y = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(
+                    tl.float32
+                )
+                _store_fp8_tile(q_ptr, rows, cols, mask, y, s, K)
+        rows = row0 + tl.arange(0, ROWS)
+        tl.store(s_ptr + rows, s, mask=rows < M)
+
+
+# ---- launch configuration ----------------------------------------------------------------------------------
+# (rows_per_program, block_k, num_warps) per kernel. block_k 0 = the whole row in one tile (next_pow2(K));
+# num_warps 0 = the default rule `_warps(rows_per_program · block_k)`. Today's values reproduce the original
+# launch (one row per program, whole row, _warps(next_pow2(K))). To be filled from `bench/gpu_tune.py` results
+# (the H200 sweep at the 57b TP=4 shapes).
+DEFAULT_CONFIGS: dict[str, tuple[int, int, int]] = {
+    "ln_mod_quant": (1, 0, 0),
+    "residual_ln_mod_quant": (1, 0, 0),
+    "swiglu_quant": (1, 0, 0),
+    "quant_rows": (1, 0, 0),
+}
+
+_WARP_CHOICES = (0, 1, 2, 4, 8, 16, 32)
 
 
 def _warps(block: int) -> int:
     return max(1, min(16, block // 512))
 
 
+def _is_pow2(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+def _check_config(name: str, config) -> tuple[int, int, int]:
+    """Validate a (rows_per_program, block_k, num_warps) launch config; raise ValueError naming `config`."""
+    ok = (
+        isinstance(config, tuple | list)
+        and len(config) == 3
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in config)
+    )
+    if ok:
+        rows, block_k, warps = config
+        ok = (
+            _is_pow2(rows)
+            and (block_k == 0 or (_is_pow2(block_k) and block_k >= 16))
+            and warps in _WARP_CHOICES
+        )
+    if not ok:
+        raise ValueError(
+            f"{name}: config must be (rows_per_program, block_k, num_warps) with rows_per_program a power of two "
+            f">= 1, block_k a power of two >= 16 (or 0 = whole row) and num_warps one of {_WARP_CHOICES} "
+            f"(0 = default rule), got {config!r}"
+        )
+    return tuple(config)
+
+
+def _resolve_config(name: str, config) -> tuple[int, int, int]:
+    return _check_config(name, DEFAULT_CONFIGS[name] if config is None else config)
+
+
+def _launch(config: tuple[int, int, int], M: int, K: int):
+    """Grid and meta-parameters for a row kernel of width K; block_k is capped at next_pow2(K) (one tile)."""
+    rows, block_k, warps = config
+    full = triton.next_power_of_2(K)
+    block_k = full if block_k == 0 else min(block_k, full)
+    meta = dict(ROWS=rows, BLOCK_K=block_k, ONE_TILE=block_k >= K, num_warps=warps or _warps(rows * block_k))
+    return (triton.cdiv(M, rows),), meta
+
+
 def _check_2d(name: str, x: torch.Tensor) -> None:
     if x.dim() != 2 or x.stride(-1) != 1:
-        raise ValueError(f"{name}: expected a 2-D tensor with contiguous rows, got shape {tuple(x.shape)} "
-                         f"strides {tuple(x.stride())}")
+        raise ValueError(
+            f"{name}: expected a 2-D tensor with contiguous rows, got shape {tuple(x.shape)} "
+            f"strides {tuple(x.stride())}"
+        )
 
 
-def ln_mod_quant(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float = 1e-6, backend: str = "auto"):
-    """x [M, K]; shift, scale [K] → (fp8 [M, K], float32 scales [M])."""
+def ln_mod_quant(
+    x: torch.Tensor,
+    shift: torch.Tensor,
+    scale: torch.Tensor,
+    eps: float = 1e-6,
+    backend: str = "auto",
+    *,
+    config: tuple[int, int, int] | None = None,
+):
+    """x [M, K]; shift, scale [K] → (fp8 [M, K], float32 scales [M]).
+    config: (rows_per_program, block_k, num_warps) for the Triton kernel; None = DEFAULT_CONFIGS["ln_mod_quant"]."""
     _check_2d("ln_mod_quant x", x)
     K = x.shape[1]
     if shift.shape != (K,) or scale.shape != (K,):
-        raise ValueError(f"ln_mod_quant: shift/scale must have shape ({K},), got {tuple(shift.shape)}/{tuple(scale.shape)}")
+        raise ValueError(
+            f"ln_mod_quant: shift/scale must have shape ({K},), got {tuple(shift.shape)}/{tuple(scale.shape)}"
+        )
+    config = _resolve_config("ln_mod_quant", config)
     if not use_triton("ln_mod_quant", backend, x.device):
         return ln_mod_quant_ref(x, shift, scale, eps)
+    M = x.shape[0]
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
-    s = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
-    block = triton.next_power_of_2(K)
-    _ln_mod_quant_kernel[(x.shape[0],)](x, shift.contiguous(), scale.contiguous(), q, s, K, x.stride(0), eps,
-                                        BLOCK=block, num_warps=_warps(block))
+    s = torch.empty(M, dtype=torch.float32, device=x.device)
+    grid, meta = _launch(config, M, K)
+    _ln_mod_quant_kernel[grid](
+        x, shift.contiguous(), scale.contiguous(), q, s, M, K, x.stride(0), eps, **meta
+    )
     return q, s
 
 
-def residual_ln_mod_quant(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, shift: torch.Tensor,
-                          scale: torch.Tensor, eps: float = 1e-6, backend: str = "auto"):
+def residual_ln_mod_quant(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    gate: torch.Tensor,
+    shift: torch.Tensor,
+    scale: torch.Tensor,
+    eps: float = 1e-6,
+    backend: str = "auto",
+    *,
+    config: tuple[int, int, int] | None = None,
+):
     """x, y [M, K]; gate, shift, scale [K] → (x + gate·y [M, K] in x's dtype, fp8 [M, K], float32 scales [M]).
-    The gated residual add of one sub-block fused with the next sub-block's norm, modulation and quantization."""
+    The gated residual add of one sub-block fused with the next sub-block's norm, modulation and quantization.
+    config: (rows_per_program, block_k, num_warps); None = DEFAULT_CONFIGS["residual_ln_mod_quant"]."""
     _check_2d("residual_ln_mod_quant x", x)
     _check_2d("residual_ln_mod_quant y", y)
     K = x.shape[1]
@@ -157,41 +473,60 @@ def residual_ln_mod_quant(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, 
     for name, t in (("gate", gate), ("shift", shift), ("scale", scale)):
         if t.shape != (K,):
             raise ValueError(f"residual_ln_mod_quant: {name} must have shape ({K},), got {tuple(t.shape)}")
+    config = _resolve_config("residual_ln_mod_quant", config)
     if not use_triton("residual_ln_mod_quant", backend, x.device):
         return residual_ln_mod_quant_ref(x, y, gate, shift, scale, eps)
+    M = x.shape[0]
     xo = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
-    s = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
-    block = triton.next_power_of_2(K)
-    _residual_ln_mod_quant_kernel[(x.shape[0],)](x, y, gate.contiguous(), shift.contiguous(), scale.contiguous(), xo, q,
-                                                 s, K, x.stride(0), y.stride(0), eps, BLOCK=block,
-                                                 num_warps=_warps(block))
+    s = torch.empty(M, dtype=torch.float32, device=x.device)
+    grid, meta = _launch(config, M, K)
+    _residual_ln_mod_quant_kernel[grid](
+        x,
+        y,
+        gate.contiguous(),
+        shift.contiguous(),
+        scale.contiguous(),
+        xo,
+        q,
+        s,
+        M,
+        K,
+        x.stride(0),
+        y.stride(0),
+        eps,
+        **meta,
+    )
     return xo, q, s
 
 
-def swiglu_quant(gu: torch.Tensor, backend: str = "auto"):
-    """gu [M, 2F] = [gate | up] → (fp8 [M, F], float32 scales [M])."""
+def swiglu_quant(gu: torch.Tensor, backend: str = "auto", *, config: tuple[int, int, int] | None = None):
+    """gu [M, 2F] = [gate | up] → (fp8 [M, F], float32 scales [M]).
+    config: (rows_per_program, block_k, num_warps), block_k tiling F; None = DEFAULT_CONFIGS["swiglu_quant"]."""
     _check_2d("swiglu_quant gu", gu)
     if gu.shape[1] % 2:
         raise ValueError(f"swiglu_quant: last dim must be even ([gate | up]), got {gu.shape[1]}")
+    config = _resolve_config("swiglu_quant", config)
     if not use_triton("swiglu_quant", backend, gu.device):
         return swiglu_quant_ref(gu)
-    F = gu.shape[1] // 2
-    q = torch.empty((gu.shape[0], F), dtype=torch.float8_e4m3fn, device=gu.device)
-    s = torch.empty(gu.shape[0], dtype=torch.float32, device=gu.device)
-    block = triton.next_power_of_2(F)
-    _swiglu_quant_kernel[(gu.shape[0],)](gu, q, s, F, gu.stride(0), BLOCK=block, num_warps=_warps(block))
+    M, F = gu.shape[0], gu.shape[1] // 2
+    q = torch.empty((M, F), dtype=torch.float8_e4m3fn, device=gu.device)
+    s = torch.empty(M, dtype=torch.float32, device=gu.device)
+    grid, meta = _launch(config, M, F)
+    _swiglu_quant_kernel[grid](gu, q, s, M, F, gu.stride(0), **meta)
     return q, s
 
 
-def quant_rows(x: torch.Tensor, backend: str = "auto"):
-    """x [M, K] → (fp8 [M, K], float32 scales [M])."""
+def quant_rows(x: torch.Tensor, backend: str = "auto", *, config: tuple[int, int, int] | None = None):
+    """x [M, K] → (fp8 [M, K], float32 scales [M]).
+    config: (rows_per_program, block_k, num_warps); None = DEFAULT_CONFIGS["quant_rows"]."""
     _check_2d("quant_rows x", x)
+    config = _resolve_config("quant_rows", config)
     if not use_triton("quant_rows", backend, x.device):
         return quant_rows_ref(x)
-    K = x.shape[1]
+    M, K = x.shape
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
-    s = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
-    block = triton.next_power_of_2(K)
-    _quant_rows_kernel[(x.shape[0],)](x, q, s, K, x.stride(0), BLOCK=block, num_warps=_warps(block))
+    s = torch.empty(M, dtype=torch.float32, device=x.device)
+    grid, meta = _launch(config, M, K)
+    _quant_rows_kernel[grid](x, q, s, M, K, x.stride(0), **meta)
     return q, s

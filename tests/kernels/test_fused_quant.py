@@ -5,12 +5,17 @@ rows of a wider buffer, bfloat16 inputs) and long inputs (a few hundred rows). T
 launchers allocate are poisoned (``torch.empty`` returns NaN-filled memory while a kernel is launched),
 so an element or scale the kernel fails to write shows up as NaN. FP8 rows are compared as codes
 (at most one e4m3 ulp on a small fraction), scales to 1e-6 relative, and dequantized values by
-relative RMS / max abs error. The twins are checked against the plain math they stand for. GPU tests
-(marked ``gpu``) run the compiled kernels at the 57b TP=4 shapes (757 tokens; K = 8192, 6912, 2048).
+relative RMS / max abs error. Every Triton comparison runs under several launch configs
+``(rows_per_program, block_k, num_warps)``: the default, several rows per program with the whole row in
+one tile, and the looped form (block_k < K) — with row counts that are not a multiple of rows_per_program
+and widths that are not a multiple of block_k. The twins are checked against the plain math they stand
+for. GPU tests (marked ``gpu``) run the compiled kernels at the 57b TP=4 shapes (757 tokens; K = 8192,
+6912, 2048) under the same kinds of configs.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import pytest
@@ -18,10 +23,12 @@ import torch
 from kernel_compare import FP8, assert_close, assert_fp8_rows_match, needs_cuda, needs_triton_cpu
 from vivant.kernels.fp8 import FP8_MAX, dequantize_rows
 from vivant.kernels.fused_quant import (
+    DEFAULT_CONFIGS,
     ln_mod_quant,
     ln_mod_quant_ref,
     quant_rows,
     quant_rows_ref,
+    residual_ln_mod_quant,
     swiglu_quant,
     swiglu_quant_ref,
 )
@@ -40,6 +47,17 @@ CASES = {
     "odd_k70_strided_bf16": Case(m=9, k=70, dtype=torch.bfloat16, row_pad=13),
     "long": Case(m=256, k=48, row_pad=5),
 }
+
+# (rows_per_program, block_k, num_warps); None = DEFAULT_CONFIGS, block_k 0 = the whole row in one tile.
+# m = 7, 9, 256 and k = 100, 70, 48: the looped configs leave a partial last tile and (but for 256) a partial
+# last row group.
+CONFIGS = {
+    "default": None,
+    "rows4_whole_row": (4, 0, 4),
+    "loop_2x16_w4": (2, 16, 4),
+    "loop_4x32_w2": (4, 32, 2),
+}
+LOOPED = {k: v for k, v in CONFIGS.items() if k.startswith("loop")}
 
 
 def rows(m: int, k: int, dtype, row_pad: int, g: torch.Generator, spread: bool = True) -> torch.Tensor:
@@ -81,29 +99,30 @@ def compare_fp8(got, want, *, ulp_fraction: float, what: str) -> None:
 # ---- Triton (interpreted) vs the float32 twins -----------------------------------------------------------
 @needs_triton_cpu
 @pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS.keys())
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 class TestTritonMatchesReference:
-    def test_ln_mod_quant(self, case):
+    def test_ln_mod_quant(self, case, config):
         g = torch.Generator().manual_seed(11)
         x = rows(case.m, case.k, case.dtype, case.row_pad, g)
         shift = (0.5 * torch.randn(case.k, generator=g)).to(case.dtype)
         scale = (0.5 * torch.randn(case.k, generator=g)).to(case.dtype)
-        got = ln_mod_quant(x, shift, scale, backend="triton")
-        compare_fp8(got, ln_mod_quant_ref(x, shift, scale), ulp_fraction=2e-3, what=f"ln_mod_quant {case}")
+        got = ln_mod_quant(x, shift, scale, backend="triton", config=config)
+        compare_fp8(got, ln_mod_quant_ref(x, shift, scale), ulp_fraction=2e-3, what=f"ln_mod_quant {case} {config}")
 
     @pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")  # silu of gates ≤ -89
-    def test_swiglu_quant(self, case):
+    def test_swiglu_quant(self, case, config):
         g = torch.Generator().manual_seed(12)
         gu = rows(case.m, 2 * case.k, case.dtype, case.row_pad, g)
-        got = swiglu_quant(gu, backend="triton")
-        compare_fp8(got, swiglu_quant_ref(gu), ulp_fraction=2e-3, what=f"swiglu_quant {case}")
+        got = swiglu_quant(gu, backend="triton", config=config)
+        compare_fp8(got, swiglu_quant_ref(gu), ulp_fraction=2e-3, what=f"swiglu_quant {case} {config}")
 
-    def test_quant_rows(self, case):
+    def test_quant_rows(self, case, config):
         g = torch.Generator().manual_seed(13)
         x = rows(case.m, case.k, case.dtype, case.row_pad, g)
-        got = quant_rows(x, backend="triton")
+        got = quant_rows(x, backend="triton", config=config)
         # A pure scale-and-round: codes must be identical.
-        compare_fp8(got, quant_rows_ref(x), ulp_fraction=0.0, what=f"quant_rows {case}")
+        compare_fp8(got, quant_rows_ref(x), ulp_fraction=0.0, what=f"quant_rows {case} {config}")
 
 
 @needs_triton_cpu
@@ -120,15 +139,17 @@ class TestTritonEdgeRows:
             f"LayerNorm of a zero row: scale {s[1].item():.3e}, codes {q[1].float().unique().tolist()}"
         )
 
+    @pytest.mark.parametrize("config", [None, *LOOPED.values()], ids=["default", *LOOPED.keys()])
     @pytest.mark.parametrize("op", ["quant_rows", "ln_mod_quant", "swiglu_quant"])
-    def test_nan_in_a_row_makes_its_scale_nan_like_the_twin(self, op):
+    def test_nan_in_a_row_makes_its_scale_nan_like_the_twin(self, op, config):
+        # the NaN sits in a middle tile of a middle row of its row group for the looped configs
         x = torch.randn(4, 100)
         x[2, 37] = float("nan")
         zeros = torch.zeros(100)
         run = {
-            "quant_rows": lambda b: quant_rows(x, backend=b),
-            "ln_mod_quant": lambda b: ln_mod_quant(x, zeros, zeros, backend=b),
-            "swiglu_quant": lambda b: swiglu_quant(torch.cat([x, x], 1), backend=b),
+            "quant_rows": lambda b: quant_rows(x, backend=b, config=config),
+            "ln_mod_quant": lambda b: ln_mod_quant(x, zeros, zeros, backend=b, config=config),
+            "swiglu_quant": lambda b: swiglu_quant(torch.cat([x, x], 1), backend=b, config=config),
         }[op]
         (q, s), (_, sr) = run("triton"), run("torch")
         assert sr[2].isnan() and not sr[[0, 1, 3]].isnan().any(), f"twin scales {sr.tolist()}"
@@ -137,6 +158,15 @@ class TestTritonEdgeRows:
             f"{int(q[2].float().isnan().sum())} of its codes are NaN (twin: scale NaN)"
         )
         assert not s[[0, 1, 3]].isnan().any(), f"{op}: NaN leaked into other rows' scales {s.tolist()}"
+
+    @pytest.mark.parametrize("config", LOOPED.values(), ids=LOOPED.keys())
+    def test_zero_row_looped(self, config):
+        x = torch.randn(5, 70)
+        x[3] = 0.0
+        q, s = ln_mod_quant(x, torch.zeros(70), torch.zeros(70), backend="triton", config=config)
+        assert torch.all(q[3].float() == 0) and s[3] == torch.tensor(1e-8) / FP8_MAX, (
+            f"{config}: LayerNorm of a zero row: scale {s[3].item():.3e}, codes {q[3].float().unique().tolist()}"
+        )
 
     def test_row_max_maps_to_448(self):
         x = torch.randn(5, 70) * 1e4
@@ -193,6 +223,37 @@ class TestBadInput:
         with pytest.raises(ValueError, match="last dim must be even.*got 71"):
             swiglu_quant(torch.randn(3, 71))
 
+    @pytest.mark.parametrize(
+        "config",
+        [(1, 24, 4), (0, 32, 4), (-2, 32, 4), (3, 32, 4), (1, 8, 4), (1, 32, 3), (1, 32), (1.0, 32, 4), None],
+        ids=["block_k_not_pow2", "rows_0", "rows_negative", "rows_not_pow2", "block_k_below_16", "warps_3",
+             "two_fields", "float_rows", "table_entry"],
+    )
+    @pytest.mark.parametrize("op", ["quant_rows", "ln_mod_quant", "swiglu_quant", "residual_ln_mod_quant"])
+    def test_bad_config_named(self, op, config, monkeypatch):
+        if config is None:  # a bad value in DEFAULT_CONFIGS is refused the same way as a bad argument
+            config = (1, 24, 0)
+            monkeypatch.setitem(DEFAULT_CONFIGS, op, config)
+            kwargs = {}
+        else:
+            kwargs = {"config": config}
+        x = torch.randn(4, 64)
+        run = {
+            "quant_rows": lambda: quant_rows(x, **kwargs),
+            "ln_mod_quant": lambda: ln_mod_quant(x, x[0], x[0], **kwargs),
+            "swiglu_quant": lambda: swiglu_quant(x, **kwargs),
+            "residual_ln_mod_quant": lambda: residual_ln_mod_quant(x, x, x[0], x[0], x[0], **kwargs),
+        }[op]
+        want = rf"{op}: config must be \(rows_per_program, block_k, num_warps\) .*block_k a power of two >= 16.*"
+        with pytest.raises(ValueError, match=want + re.escape(f"got {config!r}")):
+            run()
+
+    def test_default_configs_cover_every_kernel_and_are_valid(self):
+        assert set(DEFAULT_CONFIGS) == {"ln_mod_quant", "residual_ln_mod_quant", "swiglu_quant", "quant_rows"}
+        for name, cfg in DEFAULT_CONFIGS.items():  # each must run the default (torch backend validates it too)
+            quant_rows(torch.randn(2, 16), config=cfg)
+            assert len(cfg) == 3, f"{name}: {cfg}"
+
     def test_unknown_backend(self):
         with pytest.raises(ValueError, match=r"backend must be one of .*got 'cuda'"):
             quant_rows(torch.randn(3, 8), backend="cuda")
@@ -202,33 +263,38 @@ class TestBadInput:
 M_57B = 757
 
 
+# the default, a multi-row whole-row config, the looped configs of the CPU tests, and realistic looped tiles
+GPU_CONFIGS = {**CONFIGS, "loop_4x1024_w4": (4, 1024, 4), "loop_8x512_w8": (8, 512, 8)}
+
+
 @pytest.mark.gpu
 @needs_cuda
+@pytest.mark.parametrize("config", GPU_CONFIGS.values(), ids=GPU_CONFIGS.keys())
 class TestGpu57b:
-    def test_ln_mod_quant_757x8192(self):
+    def test_ln_mod_quant_757x8192(self, config):
         g = torch.Generator(device="cuda").manual_seed(31)
         x = torch.randn(M_57B, 8192, generator=g, device="cuda").to(torch.bfloat16)
         shift = (0.3 * torch.randn(8192, generator=g, device="cuda")).to(torch.bfloat16)
         scale = (0.3 * torch.randn(8192, generator=g, device="cuda")).to(torch.bfloat16)
-        got = ln_mod_quant(x, shift, scale, backend="triton")
+        got = ln_mod_quant(x, shift, scale, backend="triton", config=config)
         want = ln_mod_quant_ref(x, shift, scale)
         compare_fp8(tuple(t.cpu() for t in got), tuple(t.cpu() for t in want), ulp_fraction=2e-3,
-                    what="ln_mod_quant 757x8192 cuda")
+                    what=f"ln_mod_quant 757x8192 cuda {config}")
 
-    def test_swiglu_quant_757x13824(self):
+    def test_swiglu_quant_757x13824(self, config):
         g = torch.Generator(device="cuda").manual_seed(32)
         gu = (2 * torch.randn(M_57B, 2 * 6912, generator=g, device="cuda")).to(torch.bfloat16)
-        got = swiglu_quant(gu, backend="triton")
+        got = swiglu_quant(gu, backend="triton", config=config)
         want = swiglu_quant_ref(gu)
         compare_fp8(tuple(t.cpu() for t in got), tuple(t.cpu() for t in want), ulp_fraction=2e-3,
-                    what="swiglu_quant 757x(2*6912) cuda")
+                    what=f"swiglu_quant 757x(2*6912) cuda {config}")
 
-    def test_quant_rows_757x2048(self):
+    def test_quant_rows_757x2048(self, config):
         g = torch.Generator(device="cuda").manual_seed(33)
         x = torch.randn(M_57B, 2048, generator=g, device="cuda").to(torch.bfloat16)
-        got = quant_rows(x, backend="triton")
+        got = quant_rows(x, backend="triton", config=config)
         want = quant_rows_ref(x)
         # compiled Triton divides y / s with the fast (approximate) division; the reference divides exactly:
         # measured on the H200, 274 of 1,550,336 codes (1.8e-4) land one e4m3 step apart, never more.
         compare_fp8(tuple(t.cpu() for t in got), tuple(t.cpu() for t in want), ulp_fraction=1e-3,
-                    what="quant_rows 757x2048 cuda")
+                    what=f"quant_rows 757x2048 cuda {config}")
