@@ -26,14 +26,16 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--chunks", type=int, default=40)
     p.add_argument("--out")
+    p.add_argument("--init", default="scaled", choices=["unit", "scaled"], help="random init (bench/gpu_step.py)")
+    p.add_argument("--attn-backend", default="image", choices=["triton", "sdpa", "image"])
     args = p.parse_args()
     cfg = ModelConfig.from_name("57b", t_limit=40)
-    model, _ = build_rank(cfg, 4, 0, keep_bf16=True)
-    fast = FastDiT(model, attn_backend="sdpa", use_graphs=True)
+    model, _ = build_rank(cfg, 4, 0, keep_bf16=True, init=args.init)
+    fast = FastDiT(model, attn_backend=args.attn_backend, use_graphs=True)
     kw = dict(mode="optimized", device="cuda", dtype=torch.bfloat16, seed=7)
     a = ChunkGenerator(cfg, model=fast, **kw)
     lat_a = [a.generate_chunk(_audio(cfg, n), cfg.audio_sample_rate).latents for n in range(args.chunks)]
-    fast_b = FastDiT(model, attn_backend="sdpa", use_graphs=True)
+    fast_b = FastDiT(model, attn_backend=args.attn_backend, use_graphs=True)
     b = ChunkGenerator(cfg, model=fast_b, **kw)
     base_noise = b.noise
 
@@ -46,7 +48,7 @@ def main() -> None:
     lat_b = [b.generate_chunk(_audio(cfg, n), cfg.audio_sample_rate).latents for n in range(args.chunks)]
     in_err = float(np.mean([float((perturbed(n) - base_noise(n)).norm() / base_noise(n).norm()) for n in range(3)]))
     errs = [float((x - y).norm() / y.norm()) for x, y in zip(lat_a, lat_b, strict=True)]
-    res = {"bench": "floor", "preset": "57b", "tp": 4, "rank": 0, "gpu": torch.cuda.get_device_name(0),
+    res = {"bench": "floor", "preset": "57b", "tp": 4, "rank": 0, "init": args.init, "gpu": torch.cuda.get_device_name(0),
            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "chunks": args.chunks,
            "input_rel_perturbation": in_err, "max_rel_rms": max(errs), "median_rel_rms": float(np.median(errs)),
            "rel_rms_per_chunk": [round(e, 6) for e in errs]}

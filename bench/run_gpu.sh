@@ -16,10 +16,12 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 STEPS=${STEPS:-smoke,tests,tp4,tp1,decode}  # which parts to run (comma-separated)
 step() { case ",$STEPS," in *",$1,"*) ;; *) return 0;; esac; shift
          echo "=== $1"; shift; ( "$@" ) 2>&1 | tee -a "$OUT/log.txt" | tail -25; }
+step tune "kernel sweeps, step variants, numerics probes" python3 bench/gpu_tune.py --out "$OUT/tune.json" \
+    --parts ${TUNE_PARTS:-kernels,step,numerics}
 step smoke "smoke: tiny on cuda, FastDiT with graphs vs baseline" python3 bench/gpu_smoke.py
 step tests "gpu tests" python3 -m pytest -q -m gpu tests/kernels tests/stream/test_decode_gpu.py -p no:cacheprovider
 step tp4 "bench step 57b tp4 rank0" python3 -m vivant bench step --preset 57b --tp 4 --rank 0 --device cuda \
-    --chunks 20 --warmup 8 --numerics-chunks ${NUMERICS_CHUNKS:-104} --out "$OUT/step_57b_tp4_rank0.json"
+    --chunks 20 --warmup 8 --numerics-chunks ${NUMERICS_CHUNKS:-104} ${STEP_ARGS:-} --out "$OUT/step_57b_tp4_rank0.json"
 step tp1 "bench step 57b tp1" python3 -m vivant bench step --preset 57b --tp 1 --device cuda --mode optimized \
     --chunks 20 --warmup 3 --out "$OUT/step_57b_tp1.json"
 step floor "amplification floor of the random 57b shard" python3 bench/gpu_floor.py --chunks 40 --out "$OUT/floor_57b_tp4_rank0.json"

@@ -34,8 +34,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--no-fp8", action="store_true", help="float cache instead of FP8")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--attn-backend", default="auto", choices=["auto", "triton", "sdpa"],
-                   help="GPU: ring attention backend (auto: the faster of the two, measured in the run)")
+    p.add_argument("--attn-backend", default="auto", choices=["auto", "triton", "sdpa", "image"],
+                   help="GPU: ring attention backend (auto: the fastest, measured in the run)")
+    p.add_argument("--init", default="scaled", choices=["unit", "scaled"],
+                   help="GPU: random init of the 57b shard (scaled: residual-writing projections / sqrt(2·layers))")
+    p.add_argument("--fast-accum", action="store_true", help="GPU: cuBLASLt FP8 fast accumulation in the GEMMs")
     p.add_argument("--no-graphs", action="store_true", help="GPU: run passes eagerly (no CUDA graphs)")
     p.add_argument("--numerics-chunks", type=int, default=0, help="GPU: also compare modes over this many chunks")
     p.add_argument("--numerics-t-limit", type=int, default=40, help="GPU: t_limit for the numerics run (forces resets)")

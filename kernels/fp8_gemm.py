@@ -37,8 +37,12 @@ def fp8_linear_ref(a: torch.Tensor, sa: torch.Tensor, w: torch.Tensor, sw: torch
 
 
 def fp8_linear(a: torch.Tensor, sa: torch.Tensor, w: torch.Tensor, sw: torch.Tensor, *,
-               out_dtype: torch.dtype = torch.bfloat16, backend: str = "auto") -> torch.Tensor:
-    """a fp8 [M, K], sa f32 [M]; w fp8 [N, K], sw f32 [N] → [M, N] out_dtype."""
+               out_dtype: torch.dtype = torch.bfloat16, backend: str = "auto", fast_accum: bool = False) -> torch.Tensor:
+    """a fp8 [M, K], sa f32 [M]; w fp8 [N, K], sw f32 [N] → [M, N] out_dtype.
+
+    fast_accum: cuBLASLt's FP8 fast-accumulation mode (Hopper accumulates in the tensor core's reduced
+    precision instead of promoting partial sums to float32 every few k-steps): faster, less exact; ignored
+    by the float32 reference."""
     if backend not in BACKENDS:
         raise ValueError(f"fp8_linear: backend must be one of {BACKENDS}, got {backend!r}")
     if a.shape[1] != w.shape[1]:
@@ -51,7 +55,8 @@ def fp8_linear(a: torch.Tensor, sa: torch.Tensor, w: torch.Tensor, sw: torch.Ten
     if backend == "cublas" and not a.is_cuda:
         raise RuntimeError("fp8_linear: backend='cublas' needs CUDA tensors")
     if use_fast:
-        return torch._scaled_mm(a, w.t(), scale_a=sa.view(-1, 1), scale_b=sw.view(1, -1), out_dtype=out_dtype)
+        return torch._scaled_mm(a, w.t(), scale_a=sa.view(-1, 1), scale_b=sw.view(1, -1), out_dtype=out_dtype,
+                                use_fast_accum=fast_accum)
     if backend == "auto" and "cpu" not in _warned:
         _warned.add("cpu")
         log.info("fp8_linear: using the float32 reference, not cuBLASLt: tensors are on %s", a.device.type)

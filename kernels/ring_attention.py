@@ -9,6 +9,9 @@ Backends (one signature):
   probabilities (V) — no dequantized copy of the cache is ever written. Online softmax in float32, exp2.
 - "sdpa": dequantize the cache to q's dtype, then torch's scaled_dot_product_attention (cuDNN / flash when
   every slot is valid, a boolean mask otherwise) — a whole-cache dequantization per call, kept to compare.
+- "image": SDPA (cuDNN when every slot is valid) over the ring's read image — the bf16 copy of the dequantized
+  ring that vivant.kernels.ring_image refreshes at write time (`k_image`, `v_image` [S, H, D]); the same keys
+  and values as "sdpa" with no per-call whole-cache work, at the price of the image's memory.
 - "torch": the float32 reference (dequantize, masked softmax), the baseline of tests and benchmarks.
 FLOPs per call 4·N·S·D·H; bytes ≈ S·H·D·2 (FP8 K+V) + N·H·D·4 (q, out in bf16) — at 57b TP=4
 (N=757, S=5788, H=16, D=128) 35.9 GFLOP and 24 MB.
@@ -28,7 +31,7 @@ try:
 except ImportError:  # pragma: no cover
     triton = None
 
-BACKENDS = ("auto", "triton", "sdpa", "torch")
+BACKENDS = ("auto", "triton", "sdpa", "image", "torch")
 
 
 def ring_attention_ref(q, k, v, k_scale, v_scale, valid, sm_scale: float | None = None) -> torch.Tensor:
@@ -46,7 +49,8 @@ def _dequant_pair(k, v, k_scale, v_scale, dt):
     """K and V rows × their scales → dt, one launch for both on CUDA (reads S·H·D·2 bytes, writes 2× that)."""
     if not (k.is_cuda and triton is not None and k.is_contiguous() and v.is_contiguous()
             and k_scale.is_contiguous() and v_scale.is_contiguous()):
-        return k.to(dt) * k_scale.to(dt)[..., None], v.to(dt) * v_scale.to(dt)[..., None]
+        # float32 product, one rounding to dt: the same values as the kernel below and the read image
+        return ((k.float() * k_scale.float()[..., None]).to(dt), (v.float() * v_scale.float()[..., None]).to(dt))
     S, H, D = k.shape
     kd = torch.empty(k.shape, dtype=dt, device=k.device)
     vd = torch.empty(v.shape, dtype=dt, device=v.device)
@@ -57,8 +61,11 @@ def _dequant_pair(k, v, k_scale, v_scale, dt):
 
 
 def _sdpa(q, k, v, k_scale, v_scale, valid, sm_scale=None, all_valid: bool | None = None):
-    dt = q.dtype
-    kd, vd = _dequant_pair(k, v, k_scale, v_scale, dt)
+    kd, vd = _dequant_pair(k, v, k_scale, v_scale, q.dtype)
+    return _sdpa_dense(q, kd, vd, valid, sm_scale, all_valid)
+
+
+def _sdpa_dense(q, kd, vd, valid, sm_scale=None, all_valid: bool | None = None):
     kd, vd = kd.transpose(0, 1).unsqueeze(0), vd.transpose(0, 1).unsqueeze(0)
     mask = None if all_valid else valid.bool()[None, None, None, :]
     out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), kd, vd, attn_mask=mask, scale=sm_scale)
@@ -186,9 +193,11 @@ def _pick_config(key, args) -> tuple[int, int, int, int, int]:
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,
                    valid: torch.Tensor, *, sm_scale: float | None = None, backend: str = "auto",
-                   all_valid: bool | None = None) -> torch.Tensor:
+                   all_valid: bool | None = None, k_image: torch.Tensor | None = None,
+                   v_image: torch.Tensor | None = None) -> torch.Tensor:
     """Block-causal attention of the chunk's queries over the ring. `all_valid` (host-side knowledge that
-    every slot is attendable) lets the sdpa backend drop the mask and take its fastest kernel."""
+    every slot is attendable) lets the sdpa/image backends drop the mask and take their fastest kernel.
+    `k_image`/`v_image`: the ring's read image, needed by (and only by) backend="image"."""
     if backend not in BACKENDS:
         raise ValueError(f"ring_attention: backend must be one of {BACKENDS}, got {backend!r}")
     N, H, D = q.shape
@@ -201,6 +210,14 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale: t
         return ring_attention_ref(q, k, v, k_scale, v_scale, valid, sm_scale).to(q.dtype)
     if backend == "sdpa":
         return _sdpa(q, k, v, k_scale, v_scale, valid, sm_scale, all_valid)
+    if backend == "image":
+        if k_image is None or v_image is None:
+            raise ValueError("ring_attention: backend='image' needs k_image and v_image (the ring's read image)")
+        for name, t in (("k_image", k_image), ("v_image", v_image)):
+            if t.shape != k.shape or t.dtype != q.dtype:
+                raise ValueError(f"ring_attention: {name} must be {q.dtype} {tuple(k.shape)} (the ring's shape in "
+                                 f"q's dtype), got {t.dtype} {tuple(t.shape)}")
+        return _sdpa_dense(q, k_image, v_image, valid, sm_scale, all_valid)
     if not use_triton("ring_attention", "triton" if backend == "triton" else "auto", q.device):
         return ring_attention_ref(q, k, v, k_scale, v_scale, valid, sm_scale).to(q.dtype)
     if D not in (16, 32, 64, 128, 256):

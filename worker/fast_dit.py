@@ -56,6 +56,7 @@ class FastDiT:
     # attribute by attribute, as bench/gpu_step.py does for its FP8-only ranks, gets them too)
     row_parallel = staticmethod(unfused_fp8_row_parallel)
     row_parallel_path = "gemm_then_all_reduce"
+    fast_accum = False  # cuBLASLt FP8 fast accumulation in all four GEMMs (kernels/fp8_gemm.py); set before capture
 
     def __init__(self, model: VideoDiT, *, attn_backend: str = "triton", use_graphs: bool = True,
                  drop_bf16: bool = False):
@@ -121,12 +122,15 @@ class FastDiT:
                                 eps=cfg.norm_eps)
         write_kv(k, v, s["pos"], s["slots"], cache.k[i], cache.v[i], cache.k_scale[i], cache.v_scale[i],
                  rope_dims=cfg.rope_dims, theta=cfg.rope_theta)
+        cache.refresh_image(i, s["slots"])  # no-op unless attention reads the image
         if sink_pos is not None:
             ns = sink_pos.shape[0]
             write_kv(k[:ns], v[:ns], sink_pos, s["sink_slots"], cache.k[i], cache.v[i], cache.k_scale[i],
                      cache.v_scale[i], rope_dims=cfg.rope_dims, theta=cfg.rope_theta)
+            cache.refresh_image(i, s["sink_slots"])
+        img = (cache.k_image[i], cache.v_image[i]) if self.attn_backend == "image" else (None, None)
         att = ring_attention(q_rot, cache.k[i], cache.v[i], cache.k_scale[i], cache.v_scale[i], s["valid"],
-                             backend=self.attn_backend, all_valid=all_valid)
+                             backend=self.attn_backend, all_valid=all_valid, k_image=img[0], v_image=img[1])
         return att.reshape(n, h * d)
 
     def _pass(self, s: dict[str, torch.Tensor], cache: KVCache, sink_pos: torch.Tensor | None, all_valid: bool):
@@ -144,12 +148,13 @@ class FastDiT:
         for i, blk in enumerate(m.blocks):
             (wqkv, sqkv), (wo, so), (wgu, sgu), (wdn, sdn) = self.w[i]
             gate1, shift2, scale2, gate2 = mods[i, 2], mods[i, 3], mods[i, 4], mods[i, 5]
-            att = self._attend(i, blk, fp8_linear(a8, a_s, wqkv, sqkv), s, cache, sink_pos, all_valid)
+            fa = self.fast_accum
+            att = self._attend(i, blk, fp8_linear(a8, a_s, wqkv, sqkv, fast_accum=fa), s, cache, sink_pos, all_valid)
             o8, o_s = quant_rows(att)
-            o = self.row_parallel(o8, o_s, wo, so, blk.attn.reduce)
+            o = self.row_parallel(o8, o_s, wo, so, blk.attn.reduce, fast_accum=fa)
             x, h8, h_s = residual_ln_mod_quant(x, o, gate1, shift2, scale2, eps=eps)  # x += g1·o; norm2; quant
-            d8, d_s = swiglu_quant(fp8_linear(h8, h_s, wgu, sgu))
-            dn = self.row_parallel(d8, d_s, wdn, sdn, blk.mlp.reduce)
+            d8, d_s = swiglu_quant(fp8_linear(h8, h_s, wgu, sgu, fast_accum=fa))
+            dn = self.row_parallel(d8, d_s, wdn, sdn, blk.mlp.reduce, fast_accum=fa)
             if i < last:  # x += g2·down, fused with the next block's norm1 + modulation + quantization
                 x, a8, a_s = residual_ln_mod_quant(x, dn, gate2, mods[i + 1, 0], mods[i + 1, 1], eps=eps)
             else:
@@ -195,13 +200,15 @@ class FastDiT:
         st = cache.state
         if cache.mode == "optimized" and not cache.fp8:
             raise ValueError("FastDiT's optimized path reads an FP8 ring (KVCache fp8=True)")
+        if cache.mode == "optimized" and self.attn_backend == "image":
+            cache.enable_read_image(torch.bfloat16)  # q's dtype: the FP8 GEMMs write bf16
         s = self._fill(latents, sigma, feats, cache)
         all_valid = bool(st.valid.all())
         sink = st.sink_pos.to(self.device) if st.sink_pos is not None else None
         if not self.use_graphs or sink is not None or cache.mode == "baseline":
             self.eager_calls += 1
             return self._pass(s, cache, sink, all_valid)
-        key = (id(cache.k), all_valid if self.attn_backend == "sdpa" else None)
+        key = (id(cache.k), all_valid if self.attn_backend in ("sdpa", "image") else None)
         if key not in self._graphs:
             self._graphs[key] = self._capture(s, cache, all_valid)
         graph, out = self._graphs[key]

@@ -198,10 +198,10 @@ def gather_column_shards(shard: torch.Tensor, group: dist.ProcessGroup | None) -
 
 
 def unfused_fp8_row_parallel(a8: torch.Tensor, sa: torch.Tensor, w8: torch.Tensor, sw: torch.Tensor,
-                             reduce: nn.Module) -> torch.Tensor:
+                             reduce: nn.Module, *, fast_accum: bool = False) -> torch.Tensor:
     """The FP8 GEMM, then the block's reduce (an all-reduce at TP > 1): a8 fp8 [M, K_local], sa f32 [M],
-    w8 fp8 [N, K_local], sw f32 [N] → bf16 [M, N]."""
-    return reduce(fp8_linear(a8, sa, w8, sw))
+    w8 fp8 [N, K_local], sw f32 [N] → bf16 [M, N]. fast_accum: cuBLASLt FP8 fast accumulation (fp8_linear)."""
+    return reduce(fp8_linear(a8, sa, w8, sw, fast_accum=fast_accum))
 
 
 def tp_group_of(reduce: nn.Module) -> dist.ProcessGroup | None | bool:
@@ -236,17 +236,20 @@ class FusedFP8RowParallel:
         return hash((self.method, self.chunks))
 
     def __call__(self, a8: torch.Tensor, sa: torch.Tensor, w8: torch.Tensor, sw: torch.Tensor,
-                 reduce: nn.Module) -> torch.Tensor:
+                 reduce: nn.Module, *, fast_accum: bool = False) -> torch.Tensor:
+        """fast_accum reaches the cuBLASLt GEMMs of the unfused and chunked paths; torch's symmetric-memory op
+        takes no such option and accumulates as it does."""
         group = tp_group_of(reduce)
         if group is False:
-            return unfused_fp8_row_parallel(a8, sa, w8, sw, reduce)
+            return unfused_fp8_row_parallel(a8, sa, w8, sw, reduce, fast_accum=fast_accum)
         if resolve_method(self.method, a8, group) is FusedMethod.SYMM_MEM:
             return symm_mem_fp8_matmul_all_reduce(a8, sa, w8, sw, group)
-        return chunked_overlap_fp8_matmul_all_reduce(a8, sa, w8, sw, group, self.chunks)
+        return chunked_overlap_fp8_matmul_all_reduce(a8, sa, w8, sw, group, self.chunks, fast_accum=fast_accum)
 
 
 def chunked_overlap_fp8_matmul_all_reduce(a8: torch.Tensor, sa: torch.Tensor, w8: torch.Tensor, sw: torch.Tensor,
-                                          group: dist.ProcessGroup | None, chunks: int) -> torch.Tensor:
+                                          group: dist.ProcessGroup | None, chunks: int, *,
+                                          fast_accum: bool = False) -> torch.Tensor:
     """sum over ranks of fp8_linear(a8, sa, w8, sw), bf16 [M, N], row block i (its rows of a8 with their
     scales) computed while the earlier blocks' all-reduces are in flight."""
     out = torch.empty(a8.shape[0], w8.shape[0], dtype=torch.bfloat16, device=a8.device)
@@ -255,7 +258,7 @@ def chunked_overlap_fp8_matmul_all_reduce(a8: torch.Tensor, sa: torch.Tensor, w8
         scales = sa[a:b]
         if scales.is_cuda and scales.data_ptr() % 16:  # cuBLASLt's rowwise scales must be 16-byte aligned
             scales = scales.clone()
-        block.copy_(fp8_linear(a8[a:b], scales, w8, sw, out_dtype=block.dtype))
+        block.copy_(fp8_linear(a8[a:b], scales, w8, sw, out_dtype=block.dtype, fast_accum=fast_accum))
 
     return overlap_row_blocks_all_reduce(out, gemm_into, group, chunks)
 

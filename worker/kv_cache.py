@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from vivant.kernels.cache_write import write_kv
 from vivant.kernels.delta_rotate import delta_rotate
 from vivant.kernels.fp8 import dequantize_rows, quantize_rows_ref
+from vivant.kernels.ring_image import dequant_slots
 from vivant.kernels.rope import apply_rope_ref
 
 from .positions import RingLayout
@@ -81,6 +82,33 @@ class KVCache:
             self._sink_v: list[torch.Tensor | None] = [None] * layers
             self._pending = _BaselineChunk(chunk=-1, k=[None] * layers, v=[None] * layers)
         self._offset_chunks = 0  # position frame offset, mirrored for baseline positions
+        self.k_image: torch.Tensor | None = None  # the ring's read image (enable_read_image)
+        self.v_image: torch.Tensor | None = None
+
+    # ---- the read image (attention backend "image") --------------------------------------------------
+    def enable_read_image(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Allocate (once) the ring's read image [L, S, H, D] in `dtype`, filled from the ring as it is now;
+        from then on every write, delta rotation and clear refreshes it where the ring changes
+        (vivant.kernels.ring_image). Returns (k_image, v_image)."""
+        if self.mode != "optimized":
+            raise ValueError("KVCache: the read image mirrors the ring (mode='optimized'), not the baseline cache")
+        if self.k_image is None:
+            self.k_image = torch.empty(self.k.shape, dtype=dtype, device=self.device)
+            self.v_image = torch.empty(self.v.shape, dtype=dtype, device=self.device)
+            every = torch.arange(self.layout.slots, device=self.device)
+            for layer in range(self.layers):
+                self.refresh_image(layer, every)
+        elif self.k_image.dtype != dtype:
+            raise ValueError(f"KVCache: the read image is {self.k_image.dtype}, asked for {dtype}")
+        return self.k_image, self.v_image
+
+    def refresh_image(self, layer: int, slots: torch.Tensor, *, keys_only: bool = False) -> None:
+        """Re-derive the read image at `slots` of `layer` from the ring (no-op without an image)."""
+        if self.k_image is None:
+            return
+        dequant_slots(self.k[layer], self.k_scale[layer], slots, self.k_image[layer], backend=self.backend)
+        if not keys_only:
+            dequant_slots(self.v[layer], self.v_scale[layer], slots, self.v_image[layer], backend=self.backend)
 
     def clear(self) -> None:
         """Forget the session (a warm worker reuses the preallocated ring; CUDA graphs keep its addresses)."""
@@ -91,6 +119,9 @@ class KVCache:
                 t.zero_()
             self.k_scale.fill_(1.0)
             self.v_scale.fill_(1.0)
+            for t in (self.k_image, self.v_image):
+                if t is not None:
+                    t.zero_()
         else:
             self._chunks = []
             self._sink_k = [None] * self.layers
@@ -119,6 +150,7 @@ class KVCache:
             for layer in range(self.layers):
                 delta_rotate(self.k[layer], self.k_scale[layer], slots, -delta,
                              rope_dims=self.rope_dims, theta=self.rope_theta, backend=self.backend)
+                self.refresh_image(layer, slots, keys_only=True)
 
     # ---- the attention call -------------------------------------------------------------------------
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from vivant.worker.config import ModelConfig
 from vivant.worker.fast_dit import FastDiT
 from vivant.worker.generator import ChunkGenerator
@@ -54,3 +55,33 @@ def test_graphs_need_cuda(setup):
     _, model = setup
     with pytest.raises(RuntimeError, match="CUDA graphs need the model on a CUDA device"):
         FastDiT(model, use_graphs=True)
+
+
+def test_image_backend_follows_the_ring_through_writes_resets_and_clear(setup):
+    """Attention over the read image (refreshed at write, delta rotation and clear) gives exactly what attention
+    over a whole-ring dequantization per call ("sdpa") gives, chunk by chunk across position resets; after the run the image equals a fresh
+    dequantization of the whole ring, and a clear zeroes it with the ring."""
+    cfg, model = setup
+    g_img = ChunkGenerator(cfg, mode="optimized", model=FastDiT(model, attn_backend="image", use_graphs=False), seed=2)
+    g_ring = ChunkGenerator(cfg, mode="optimized", model=FastDiT(model, attn_backend="sdpa", use_graphs=False), seed=2)
+    resets = 0
+    for n in range(26):
+        a, b = (g.generate_chunk(_audio(cfg, n), cfg.audio_sample_rate) for g in (g_img, g_ring))
+        resets += a.reset
+        err = float((a.latents - b.latents).norm() / b.latents.norm())
+        assert err == 0, f"chunk {n}: image backend vs whole-ring dequantization (sdpa) relative RMS {err:.3e}"
+    assert resets >= 2, f"the run crossed {resets} position resets; the test needs at least 2"
+    c = g_img.cache
+    want_k = (c.k.float() * c.k_scale[..., None]).to(c.k_image.dtype)
+    want_v = (c.v.float() * c.v_scale[..., None]).to(c.v_image.dtype)
+    assert torch.equal(c.k_image, want_k), "the key image drifted from the ring"
+    assert torch.equal(c.v_image, want_v), "the value image drifted from the ring"
+    c.clear()
+    assert not c.k_image.any() and not c.v_image.any(), "clear() left values in the read image"
+
+
+def test_read_image_refused_for_a_baseline_cache(setup):
+    cfg, _ = setup
+    gen = ChunkGenerator(cfg, mode="baseline", model=VideoDiT(cfg), seed=0)
+    with pytest.raises(ValueError, match="read image mirrors the ring"):
+        gen.cache.enable_read_image(torch.float32)

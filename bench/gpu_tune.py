@@ -1,0 +1,343 @@
+"""Where the optimized 57b chunk step spends its time, and which variants make it faster (one GPU call).
+
+python bench/gpu_tune.py --out OUT/tune.json
+
+1. Kernel sweeps at the TP=4 rank-0 shapes (757 tokens), each variant checked against its float32 twin on
+   fresh random inputs, then timed inside a CUDA graph (20 launches per graph, median of 30 replays — the
+   way the engine runs them; an eager do_bench of a few-µs kernel also times its cold L2):
+   - the fused FP8 row kernels over (rows per program, tile width, warps) configurations;
+   - q/k-norm + RoPE over warps;
+   - attention: "sdpa" (whole-ring dequantization + cuDNN), "image" (cuDNN over the read image) plus the
+     image refresh of one pass's 757 slots, the Triton FP8 kernel; the image output must equal "sdpa";
+   - the four FP8 GEMMs with and without cuBLASLt fast accumulation (time and error vs float32).
+2. The whole step, several engine variants on the same weights: median ms per chunk over graph replays,
+   and a CUDA-kernel profile (torch.profiler) grouped into GEMMs / attention / fused kernels / other.
+3. Numerics probes on a short run with resets: mode-only (ring vs baseline cache, same FP8 engine) and the
+   floor (a one-bf16-step input perturbation) for the "unit" and "scaled" random inits, plus an ablation
+   (no delta rotation at resets) that the ≤ 2 % check must catch.
+Bytes and FLOPs are counted before timing; GB/s is (bytes read + written) / time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+import traceback
+
+import numpy as np
+import torch
+from vivant.bench.gpu_step import _audio, build_rank, graph_us, profile_chunks
+from vivant.kernels import fused_quant as fq
+from vivant.kernels.fp8 import quantize_rows_ref
+from vivant.kernels.fp8_gemm import fp8_linear, fp8_linear_ref, quantize_weight
+from vivant.kernels.qk_norm_rope import _qk_norm_rope_kernel, qk_norm_rope_ref
+from vivant.kernels.ring_attention import ring_attention, ring_attention_ref
+from vivant.kernels.ring_image import dequant_slots
+from vivant.worker.config import ModelConfig
+from vivant.worker.fast_dit import FastDiT
+from vivant.worker.generator import ChunkGenerator
+from vivant.worker.tp import local_shapes
+
+DEV = "cuda"
+FUSED_CONFIGS = [None, (1, 0, 4), (1, 0, 8), (1, 0, 16), (1, 0, 32), (2, 0, 16), (2, 0, 32), (1, 1024, 4),
+                 (2, 1024, 4), (2, 1024, 8), (4, 1024, 8), (4, 512, 4), (1, 2048, 8), (2, 2048, 8), (4, 2048, 16),
+                 (8, 256, 4), (8, 512, 8)]
+
+
+def rel(a, b) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def deq(q, s):
+    return q.float() * s.float()[..., None]
+
+
+def section(name, fn, res):
+    print(f"=== {name}", flush=True)
+    t0 = time.time()
+    try:
+        res[name] = fn()
+    except Exception as e:  # one broken section must not cost the others
+        traceback.print_exc()
+        res[name] = {"error": f"{type(e).__name__}: {e}"}
+    print(f"    ({time.time() - t0:.0f} s)", flush=True)
+
+
+# ---- 1. kernels ------------------------------------------------------------------------------------------
+def sweep_fused(cfg) -> dict:
+    n, dm, f = cfg.tokens_per_chunk, cfg.d_model, cfg.d_ff // 4
+    hd = cfg.shard_heads(4) * cfg.head_dim
+    bf = torch.bfloat16
+    out = {}
+
+    def cases():
+        x = torch.randn(n, dm, device=DEV, dtype=bf) * 3
+        y = torch.randn(n, dm, device=DEV, dtype=bf)
+        sh, sc, g = (torch.randn(dm, device=DEV, dtype=bf) * 0.3 for _ in range(3))
+        gu = torch.randn(n, 2 * f, device=DEV, dtype=bf)
+        att = torch.randn(n, hd, device=DEV, dtype=bf)
+        return {
+            # name: (fn(config), reference, bytes moved)
+            "ln_mod_quant": (lambda c: fq.ln_mod_quant(x, sh, sc, config=c), lambda: fq.ln_mod_quant_ref(x, sh, sc),
+                             n * dm * 3 + n * 4),
+            "residual_ln_mod_quant": (lambda c: fq.residual_ln_mod_quant(x, y, g, sh, sc, config=c)[1:],
+                                      lambda: fq.residual_ln_mod_quant_ref(x, y, g, sh, sc)[1:],
+                                      n * dm * (2 + 2 + 2 + 1) + n * 4),
+            "swiglu_quant": (lambda c: fq.swiglu_quant(gu, config=c), lambda: fq.swiglu_quant_ref(gu),
+                             n * 2 * f * 2 + n * f + n * 4),
+            "quant_rows": (lambda c: fq.quant_rows(att, config=c), lambda: fq.quant_rows_ref(att),
+                           n * hd * 3 + n * 4),
+        }
+
+    for name in ("ln_mod_quant", "residual_ln_mod_quant", "swiglu_quant", "quant_rows"):
+        rows = []
+        for c in FUSED_CONFIGS:
+            fn, ref, nbytes = cases()[name]  # fresh random inputs per variant
+            try:
+                q, s = fn(c)
+                rq, rs = ref()
+                err = rel(deq(q, s), deq(rq, rs))
+                us = graph_us(lambda fn=fn, c=c: fn(c))
+                rows.append({"config": c, "us": us, "gbps": nbytes / us / 1e3, "rel_err_vs_ref": err})
+                print(f"  {name:<22} {str(c):<16} {us:7.2f} µs {nbytes / us / 1e3:7.0f} GB/s  err {err:.1e}")
+            except Exception as e:
+                rows.append({"config": c, "error": f"{type(e).__name__}: {e}"[:300]})
+                print(f"  {name:<22} {str(c):<16} FAILED {type(e).__name__}: {str(e)[:120]}")
+        ok = [r for r in rows if "us" in r and r["rel_err_vs_ref"] < 2e-2]
+        out[name] = {"bytes": cases()[name][2], "variants": rows,
+                     "best": min(ok, key=lambda r: r["us"]) if ok else None}
+    return out
+
+
+def sweep_qk_norm_rope(cfg) -> dict:
+    import triton
+
+    n, h, d = cfg.tokens_per_chunk, cfg.shard_heads(4), cfg.head_dim
+    qkv = torch.randn(n, 3 * h * d, device=DEV, dtype=torch.bfloat16)
+    w = torch.rand(d, device=DEV, dtype=torch.bfloat16) + 0.5
+    ang = torch.rand(n, d // 2, device=DEV) * 6
+    cos, sin = ang.cos(), ang.sin()
+    qo = torch.empty(n, h, d, device=DEV, dtype=torch.bfloat16)
+    ko = torch.empty_like(qo)
+    rq, rk = qk_norm_rope_ref(qkv, w, w, cos, sin, h)
+    rows = []
+    for warps in (1, 2, 4, 8, 16):
+        def fn(warps=warps):
+            _qk_norm_rope_kernel[(n,)](qkv, w, w, cos, sin, qo, ko, qkv.stride(0), h, 1e-6, D=d,
+                                       BLOCK_H=triton.next_power_of_2(h), num_warps=warps)
+        fn()
+        err = max(rel(qo, rq), rel(ko, rk))
+        us = graph_us(fn)
+        nbytes = n * h * d * 2 * 4
+        rows.append({"num_warps": warps, "us": us, "gbps": nbytes / us / 1e3, "rel_err_vs_ref": err})
+        print(f"  qk_norm_rope warps={warps:<3} {us:7.2f} µs {nbytes / us / 1e3:7.0f} GB/s err {err:.1e}")
+    return {"variants": rows}
+
+
+def sweep_attention(cfg) -> dict:
+    n, h, d, S = cfg.tokens_per_chunk, cfg.shard_heads(4), cfg.head_dim, cfg.cache_slots
+    q = torch.randn(n, h, d, device=DEV, dtype=torch.bfloat16)
+    k8, ks = quantize_rows_ref(torch.randn(S, h, d, device=DEV) * 2)
+    v8, vs = quantize_rows_ref(torch.randn(S, h, d, device=DEV))
+    valid = torch.ones(S, dtype=torch.bool, device=DEV)
+    kimg = torch.empty(S, h, d, device=DEV, dtype=torch.bfloat16)
+    vimg = torch.empty_like(kimg)
+    every = torch.arange(S, device=DEV)
+    dequant_slots(k8, ks, every, kimg)
+    dequant_slots(v8, vs, every, vimg)
+    ref = ring_attention_ref(q, k8, v8, ks, vs, valid)
+    res = {"flops_per_call": 4 * n * S * d * h}
+    o_sdpa = ring_attention(q, k8, v8, ks, vs, valid, backend="sdpa", all_valid=True)
+    o_img = ring_attention(q, k8, v8, ks, vs, valid, backend="image", all_valid=True, k_image=kimg, v_image=vimg)
+    res["image_equals_sdpa_bitwise"] = bool(torch.equal(o_sdpa, o_img))
+    res["rel_err"] = {"sdpa": rel(o_sdpa, ref), "image": rel(o_img, ref)}
+    res["us"] = {
+        "sdpa_dequant": graph_us(lambda: ring_attention(q, k8, v8, ks, vs, valid, backend="sdpa", all_valid=True)),
+        "image": graph_us(lambda: ring_attention(q, k8, v8, ks, vs, valid, backend="image", all_valid=True,
+                                                 k_image=kimg, v_image=vimg)),
+        "image_masked": graph_us(lambda: ring_attention(q, k8, v8, ks, vs, valid, backend="image", all_valid=False,
+                                                        k_image=kimg, v_image=vimg)),
+    }
+    slots = torch.randperm(S, device=DEV)[:n]
+    res["us"]["image_refresh_757_slots_k_and_v"] = graph_us(
+        lambda: (dequant_slots(k8, ks, slots, kimg), dequant_slots(v8, vs, slots, vimg)))
+    o_tr = ring_attention(q, k8, v8, ks, vs, valid, backend="triton")
+    res["rel_err"]["triton"] = rel(o_tr, ref)
+    res["us"]["triton_fp8"] = graph_us(lambda: ring_attention(q, k8, v8, ks, vs, valid, backend="triton"))
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    qt, kt, vt = q.transpose(0, 1)[None], kimg.transpose(0, 1)[None], vimg.transpose(0, 1)[None]
+    for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
+                     ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+        try:
+            with sdpa_kernel([be]):
+                res["us"][f"bf16_{name}"] = graph_us(lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt))
+        except Exception as e:
+            res["us"][f"bf16_{name}"] = f"failed: {type(e).__name__}: {str(e)[:100]}"
+    for k_, v_ in res["us"].items():
+        print(f"  attention {k_:<34} {v_ if isinstance(v_, str) else f'{v_:8.1f} µs'}")
+    print(f"  image == sdpa bitwise: {res['image_equals_sdpa_bitwise']}; errors {res['rel_err']}")
+    return res
+
+
+def sweep_gemms(cfg) -> dict:
+    m = cfg.tokens_per_chunk
+    out = {}
+    for name, (n, k) in local_shapes(cfg, 4).items():
+        a8, sa = quantize_rows_ref(torch.randn(m, k, device=DEV))
+        w8, sw = quantize_weight(torch.randn(n, k, device=DEV) / math.sqrt(k))
+        ref = fp8_linear_ref(a8, sa, w8, sw)
+        row = {"N": n, "K": k}
+        for fast in (False, True):
+            y = fp8_linear(a8, sa, w8, sw, fast_accum=fast)
+            us = graph_us(lambda fast=fast, a8=a8, sa=sa, w8=w8, sw=sw: fp8_linear(a8, sa, w8, sw, fast_accum=fast))
+            row["fast" if fast else "exact"] = {"us": us, "tflops": 2 * m * n * k / us / 1e6, "rel_err": rel(y, ref)}
+        out[name] = row
+        print(f"  gemm {name:<8} exact {row['exact']['us']:6.1f} µs ({row['exact']['tflops']:5.0f} TF/s, "
+              f"err {row['exact']['rel_err']:.1e})  fast {row['fast']['us']:6.1f} µs "
+              f"({row['fast']['tflops']:5.0f} TF/s, err {row['fast']['rel_err']:.1e})")
+    return out
+
+
+# ---- 2. the whole step --------------------------------------------------------------------------------------
+def engine(model, fast_w, cfg, backend):
+    f = FastDiT.__new__(FastDiT)
+    f.m, f.cfg, f.attn_backend, f.use_graphs = model, cfg, backend, True
+    f.device, f.w, f.local_heads = torch.device(DEV), fast_w, cfg.shard_heads(4)
+    f._graphs, f._static, f.graph_replays, f.eager_calls = {}, None, 0, 0
+    return f
+
+
+def time_variant(model, fast_w, cfg, backend, fast_accum, configs, warmup=8, chunks=10, prof=False) -> dict:
+    saved = dict(fq.DEFAULT_CONFIGS)
+    if configs:
+        fq.DEFAULT_CONFIGS.update(configs)
+    try:
+        eng = engine(model, fast_w, cfg, backend)
+        eng.fast_accum = fast_accum
+        gen = ChunkGenerator(cfg, mode="optimized", device=DEV, dtype=torch.bfloat16, model=eng, seed=0)
+        ts = []
+        for i in range(warmup + chunks):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            gen.generate_chunk(_audio(cfg, i), cfg.audio_sample_rate)
+            b.record()
+            torch.cuda.synchronize()
+            if i >= warmup:
+                ts.append(a.elapsed_time(b))
+        out = {"backend": backend, "fast_accum": fast_accum, "configs": configs, "median_ms": float(np.median(ts)),
+               "ms": [round(t, 2) for t in ts], "graph_replays": eng.graph_replays}
+        if prof:
+            out["profile"] = profile_chunks(gen, cfg, warmup + chunks)
+        print(f"  step backend={backend:<6} fast_accum={fast_accum!s:<5} configs={'tuned' if configs else 'default'}"
+              f" → {out['median_ms']:.1f} ms/chunk")
+        if prof:
+            print("   ", {k: round(v, 2) for k, v in out["profile"]["ms_per_chunk_by_category"].items()})
+        del gen, eng
+        torch.cuda.empty_cache()
+        return out
+    finally:
+        fq.DEFAULT_CONFIGS.clear()
+        fq.DEFAULT_CONFIGS.update(saved)
+
+
+# ---- 3. numerics probes -----------------------------------------------------------------------------------
+def numerics_probe(init: str, chunks: int, backend: str) -> dict:
+    import copy
+
+    cfg = ModelConfig.from_name("57b", t_limit=8)
+    model, fast_w = build_rank(cfg, 4, 0, keep_bf16=False, init=init)
+    fo = engine(model, fast_w, cfg, backend)
+    fb = copy.copy(fo)
+    fb._graphs, fb._static, fb._pos_key = {}, None, None
+    fp = engine(model, fast_w, cfg, backend)
+    fa = engine(model, fast_w, cfg, backend)
+    kw = dict(device=DEV, dtype=torch.bfloat16, seed=7)
+    g_o = ChunkGenerator(cfg, mode="optimized", model=fo, **kw)
+    g_b = ChunkGenerator(cfg, mode="baseline", model=fb, **kw)
+    g_p = ChunkGenerator(cfg, mode="optimized", model=fp, **kw)  # floor: perturbed input noise
+    g_a = ChunkGenerator(cfg, mode="optimized", model=fa, **kw)  # ablation: no delta rotation at resets
+    g_a.cache.shift_positions = lambda delta, slots, c=g_a.cache: setattr(c, "_offset_chunks", c._offset_chunks + delta)
+    base_noise = g_p.noise
+
+    def perturbed(chunk):
+        x = base_noise(chunk)
+        g = torch.Generator(device="cpu").manual_seed(10_000 + chunk)
+        return x * (1 + 2.0**-8 * torch.randn(x.shape, generator=g).to(x.device))
+
+    g_p.noise = perturbed
+    e_mode, e_floor, e_abl, resets = [], [], [], 0
+    for n in range(chunks):
+        a = _audio(cfg, n)
+        oo, ob = g_o.generate_chunk(a, cfg.audio_sample_rate), g_b.generate_chunk(a, cfg.audio_sample_rate)
+        op, oa = g_p.generate_chunk(a, cfg.audio_sample_rate), g_a.generate_chunk(a, cfg.audio_sample_rate)
+        resets += oo.reset
+        e_mode.append(rel(oo.latents, ob.latents))
+        e_floor.append(rel(op.latents, oo.latents))
+        e_abl.append(rel(oa.latents, ob.latents))
+    out = {"init": init, "chunks": chunks, "t_limit": 8, "resets": resets,
+           "mode_only_max": max(e_mode), "floor_max": max(e_floor), "ablation_no_delta_rotation_max": max(e_abl),
+           "mode_only": [round(e, 5) for e in e_mode], "floor": [round(e, 5) for e in e_floor],
+           "ablation": [round(e, 5) for e in e_abl]}
+    print(f"  init={init}: mode-only max {max(e_mode):.4f}, floor max {max(e_floor):.4f}, "
+          f"ablation max {max(e_abl):.4f} ({resets} resets)")
+    del g_o, g_b, g_p, g_a, model, fast_w
+    torch.cuda.empty_cache()
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--parts", default="kernels,step,numerics")
+    p.add_argument("--numerics-chunks", type=int, default=24)
+    args = p.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    import triton
+
+    cfg = ModelConfig.from_name("57b")
+    res = {"bench": "tune", "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+           "triton": triton.__version__, "date": time.strftime("%Y-%m-%d")}
+    parts = args.parts.split(",")
+
+    def save():
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1, default=str)
+
+    if "kernels" in parts:
+        section("fused", lambda: sweep_fused(cfg), res)
+        save()
+        section("qk_norm_rope", lambda: sweep_qk_norm_rope(cfg), res)
+        section("attention", lambda: sweep_attention(cfg), res)
+        section("gemms", lambda: sweep_gemms(cfg), res)
+        save()
+    if "step" in parts:
+        def step():
+            model, fast_w = build_rank(cfg, 4, 0, keep_bf16=False)
+            best = {}
+            for name, r in (res.get("fused") or {}).items():
+                if isinstance(r, dict) and r.get("best") and r["best"]["config"] is not None:
+                    best[name] = tuple(r["best"]["config"])
+            out = {"tuned_configs": best}
+            out["current"] = time_variant(model, fast_w, cfg, "sdpa", False, {}, prof=True)
+            out["image"] = time_variant(model, fast_w, cfg, "image", False, {})
+            if best:
+                out["image_tuned"] = time_variant(model, fast_w, cfg, "image", False, best, prof=True)
+            out["image_tuned_fast_accum"] = time_variant(model, fast_w, cfg, "image", True, best, prof=True)
+            return out
+        section("step", step, res)
+        save()
+    if "numerics" in parts:
+        section("numerics_scaled", lambda: numerics_probe("scaled", args.numerics_chunks, "image"), res)
+        save()
+        section("numerics_unit", lambda: numerics_probe("unit", args.numerics_chunks, "image"), res)
+        save()
+    save()
+    print("wrote", args.out)
+
+
+if __name__ == "__main__":
+    main()
