@@ -7,9 +7,12 @@ weights (quantized once to FP8 e4m3 with one scale per output channel), same KV 
 
   ln_mod_quant(x)           LayerNorm·(1+scale)+shift → FP8 rows          (kernels/fused_quant.py)
   qkv = fp8_linear          757×8192 · 8192×6144                             (kernels/fp8_gemm.py)
-  qk_norm_rope              q/k RMSNorm + RoPE(q), one kernel               (kernels/qk_norm_rope.py)
-  write_kv                  RoPE(k) + FP8 + ring scatter, once               (kernels/cache_write.py)
-  ring_attention            reads the FP8 ring as it is                       (kernels/ring_attention.py)
+  qkv_ring_write            q/k RMSNorm, RoPE(q, k), FP8 + ring write of k, v, the ring's read image: one
+                            kernel (kernels/qkv_ring.py; chunk 0, which also writes the sink, runs the
+                            unfused qk_norm_rope + write_kv + image refresh)
+  ring_attention            over the ring: "image" = cuDNN SDPA over the read image (bf16 copy of the FP8
+                            ring kept current at write time), or the Triton FP8 kernel / per-call
+                            dequantization + SDPA (kernels/ring_attention.py)
   quant_rows → o GEMM       757×2048 · 2048×8192, then the TP all-reduce
   residual_ln_mod_quant     x += gate·o fused with norm2 + modulation + FP8 rows
   gate_up GEMM              757×8192 · 8192×13824
@@ -41,6 +44,7 @@ from vivant.kernels.cache_write import write_kv
 from vivant.kernels.fp8_gemm import fp8_linear, quantize_weight
 from vivant.kernels.fused_quant import ln_mod_quant, quant_rows, residual_ln_mod_quant, swiglu_quant
 from vivant.kernels.qk_norm_rope import qk_norm_rope
+from vivant.kernels.qkv_ring import qkv_ring_write
 from vivant.kernels.ring_attention import ring_attention
 from vivant.kernels.rope import rope_angles
 
@@ -118,17 +122,20 @@ class FastDiT:
         if cache.mode == "baseline":  # the original per-call whole-cache work, same GEMMs (numerics reference)
             q, k = qkv.view(n, 3, h, d)[:, 0], qkv.view(n, 3, h, d)[:, 1]
             return cache.attend(i, blk.attn.q_norm(q), blk.attn.k_norm(k), v).reshape(n, h * d)
-        q_rot, k = qk_norm_rope(qkv, blk.attn.q_norm.weight, blk.attn.k_norm.weight, s["cos"], s["sin"], h,
-                                eps=cfg.norm_eps)
-        write_kv(k, v, s["pos"], s["slots"], cache.k[i], cache.v[i], cache.k_scale[i], cache.v_scale[i],
-                 rope_dims=cfg.rope_dims, theta=cfg.rope_theta)
-        cache.refresh_image(i, s["slots"])  # no-op unless attention reads the image
-        if sink_pos is not None:
-            ns = sink_pos.shape[0]
-            write_kv(k[:ns], v[:ns], sink_pos, s["sink_slots"], cache.k[i], cache.v[i], cache.k_scale[i],
-                     cache.v_scale[i], rope_dims=cfg.rope_dims, theta=cfg.rope_theta)
-            cache.refresh_image(i, s["sink_slots"])
-        img = (cache.k_image[i], cache.v_image[i]) if self.attn_backend == "image" else (None, None)
+        images = (cache.k_image[i], cache.v_image[i]) if cache.k_image is not None else (None, None)
+        if sink_pos is None:  # every graph-captured pass: QKV → q_rot, ring and image in one kernel
+            q_rot = qkv_ring_write(qkv, blk.attn.q_norm.weight, blk.attn.k_norm.weight, s["cos"], s["sin"], s["slots"],
+                                   cache.k[i], cache.v[i], cache.k_scale[i], cache.v_scale[i], h, eps=cfg.norm_eps,
+                                   k_image=images[0], v_image=images[1])
+        else:  # chunk 0 (eager) also writes the sink at its own positions: the unfused kernels
+            q_rot, k = qk_norm_rope(qkv, blk.attn.q_norm.weight, blk.attn.k_norm.weight, s["cos"], s["sin"], h,
+                                    eps=cfg.norm_eps)
+            for rows, pos, slots in ((slice(None), s["pos"], s["slots"]), (slice(0, sink_pos.shape[0]), sink_pos,
+                                                                          s["sink_slots"])):
+                write_kv(k[rows], v[rows], pos, slots, cache.k[i], cache.v[i], cache.k_scale[i], cache.v_scale[i],
+                         rope_dims=cfg.rope_dims, theta=cfg.rope_theta)
+                cache.refresh_image(i, slots)  # no-op without an image
+        img = images if self.attn_backend == "image" else (None, None)
         att = ring_attention(q_rot, cache.k[i], cache.v[i], cache.k_scale[i], cache.v_scale[i], s["valid"],
                              backend=self.attn_backend, all_valid=all_valid, k_image=img[0], v_image=img[1])
         return att.reshape(n, h * d)
