@@ -212,7 +212,7 @@ class TestBadInput:
             ring_attention(*args, backend=backend)
 
     def test_unknown_backend(self):
-        with pytest.raises(ValueError, match=r"backend must be one of \('auto', 'triton', 'sdpa', 'torch'\), got 'flash'"):
+        with pytest.raises(ValueError, match=r"backend must be one of \('auto', 'triton', 'sdpa', 'image', 'torch'\), got 'flash'"):
             ring_attention(*_good(), backend="flash")
 
     @needs_triton_cpu
