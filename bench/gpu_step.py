@@ -142,7 +142,7 @@ def categorize(name: str) -> str:
         return "dequant_whole_ring"
     if "_dequant_slots" in low:
         return "image_refresh"
-    if any(t in low for t in ("_ln_mod", "_residual_ln", "_swiglu", "_quant_rows", "_qk_norm", "_write_kv")):
+    if any(t in low for t in ("_ln_mod", "_residual_ln", "_swiglu", "_quant_rows", "_qk_norm", "_write_kv", "_qkv_ring")):
         return "fused_kernels"
     return "other"
 

@@ -228,6 +228,50 @@ def time_qkv_ring(cfg) -> dict:
     return res
 
 
+def time_rounding(cfg) -> dict:
+    """The fused FP8 kernels with the hardware e4m3 conversion (default on GPU) vs the twin's exact arithmetic
+    (`exact_rounding=True`): time inside CUDA graphs and the fraction of codes that differ."""
+    from vivant.kernels.qkv_ring import qkv_ring_write
+
+    n, dm, f = cfg.tokens_per_chunk, cfg.d_model, cfg.d_ff // 4
+    h, d, S = cfg.shard_heads(4), cfg.head_dim, cfg.cache_slots
+    bf = torch.bfloat16
+    x, y = torch.randn(n, dm, device=DEV, dtype=bf) * 3, torch.randn(n, dm, device=DEV, dtype=bf)
+    sh, sc, g = (torch.randn(dm, device=DEV, dtype=bf) * 0.3 for _ in range(3))
+    gu = torch.randn(n, 2 * f, device=DEV, dtype=bf)
+    att = torch.randn(n, h * d, device=DEV, dtype=bf)
+    qkv = torch.randn(n, 3 * h * d, device=DEV, dtype=bf) * 2
+    w = torch.rand(d, device=DEV, dtype=bf) + 0.5
+    ang = torch.rand(n, d // 2, device=DEV) * 6
+    slots = torch.randperm(S, device=DEV)[:n]
+    ring = [torch.zeros(S, h, d, device=DEV, dtype=torch.float8_e4m3fn) for _ in range(2)]
+    scs = [torch.ones(S, h, device=DEV) for _ in range(2)]
+    imgs = [torch.zeros(S, h, d, device=DEV, dtype=bf) for _ in range(2)]
+
+    def qkv_fn(exact):
+        qkv_ring_write(qkv, w, w, ang.cos(), ang.sin(), slots, ring[0], ring[1], scs[0], scs[1], h,
+                       k_image=imgs[0], v_image=imgs[1], exact_rounding=exact)
+        return ring[0][slots].clone(), scs[0][slots].clone()
+
+    fns = {
+        "ln_mod_quant": lambda e: fq.ln_mod_quant(x, sh, sc, exact_rounding=e),
+        "residual_ln_mod_quant": lambda e: fq.residual_ln_mod_quant(x, y, g, sh, sc, exact_rounding=e)[1:],
+        "swiglu_quant": lambda e: fq.swiglu_quant(gu, exact_rounding=e),
+        "quant_rows": lambda e: fq.quant_rows(att, exact_rounding=e),
+        "qkv_ring_write": qkv_fn,
+    }
+    out = {}
+    for name, fn in fns.items():
+        (qa, sa_), (qb, sb) = fn(False), fn(True)
+        differ = float((qa.view(torch.uint8) != qb.view(torch.uint8)).float().mean())
+        row = {"hw_us": graph_us(lambda fn=fn: fn(False)), "exact_us": graph_us(lambda fn=fn: fn(True)),
+               "codes_differ_fraction": differ, "scales_equal": bool(torch.equal(sa_, sb))}
+        out[name] = row
+        print(f"  {name:<22} hw {row['hw_us']:6.2f} µs  exact {row['exact_us']:6.2f} µs  codes differ {differ:.2e}"
+              f"  scales equal {row['scales_equal']}")
+    return out
+
+
 def sweep_gemms(cfg) -> dict:
     m = cfg.tokens_per_chunk
     out = {}
@@ -358,6 +402,7 @@ def main() -> None:
     if "kernels" in parts or "small" in parts:
         section("qk_norm_rope", lambda: sweep_qk_norm_rope(cfg), res)
         section("qkv_ring", lambda: time_qkv_ring(cfg), res)
+        section("rounding", lambda: time_rounding(cfg), res)
         section("attention", lambda: sweep_attention(cfg), res)
         section("gemms", lambda: sweep_gemms(cfg), res)
         save()
@@ -369,7 +414,8 @@ def main() -> None:
                 if isinstance(r, dict) and r.get("best") and r["best"]["config"] is not None:
                     best[name] = tuple(r["best"]["config"])
             out = {"tuned_configs": best, "note": "engine with the fused QKV → ring kernel (kernels/qkv_ring.py)"}
-            out["sdpa"] = time_variant(model, fast_w, cfg, "sdpa", False, {}, prof=True)
+            if "all_variants" in parts:
+                out["sdpa"] = time_variant(model, fast_w, cfg, "sdpa", False, {}, prof=True)
             out["image"] = time_variant(model, fast_w, cfg, "image", False, best, prof=True)
             out["image_fast_accum"] = time_variant(model, fast_w, cfg, "image", True, best, prof=True)
             return out

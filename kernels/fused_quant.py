@@ -29,7 +29,11 @@ raises ValueError naming `config`.
   quant_rows(x)                  plain rowwise FP8 quantization
   residual_ln_mod_quant(x, y, g, shift, scale)  x + g·y (written back), then ln_mod_quant of it
 
-Scales follow vivant.kernels.fp8: s = max(amax, 1e-8) / 448, q = RNE_e4m3(y / s).
+Scales follow vivant.kernels.fp8: s = max(amax, 1e-8) / 448, q = RNE_e4m3(y / s). Compiled on a GPU the
+kernels compute y·(1/s) and use the hardware e4m3 conversion (a few instructions per element instead of an
+IEEE division and ~15 integer operations of grid rounding — these kernels were issue-bound at 757 rows); a
+code then differs from the twin's by one e4m3 step only where the two products straddle a rounding
+midpoint. `exact_rounding=True` selects the twin's arithmetic on the GPU (the interpreter always uses it).
 Each has a float32 torch twin (`*_ref`) and a `backend` switch ("auto" | "triton" | "torch").
 """
 
@@ -109,9 +113,15 @@ if triton is not None:
         return tl.where(nans > 0, float("nan"), tl.maximum(amax, 1e-8) / 448.0)
 
     @triton.jit
-    def _store_fp8_tile(q_ptr, rows, cols, mask, y, s, K):
-        """Quantize a [ROWS, BLOCK_K] tile with the per-row scales s [ROWS] (e4m3 grid rounding, then the cast)."""
-        q = e4m3_grid_tl(y / s[:, None])
+    def _store_fp8_tile(q_ptr, rows, cols, mask, y, s, K, HW_CAST: tl.constexpr):
+        """Quantize a [ROWS, BLOCK_K] tile with the per-row scales s [ROWS] and store it.
+        HW_CAST (compiled GPU code): y · (1/s) and the hardware's round-to-nearest-even, saturating e4m3
+        conversion; otherwise IEEE division and e4m3 grid rounding in float32 bit arithmetic before the cast
+        (the interpreter's own cast is wrong for ~2% of values, see ENVIRONMENT.md)."""
+        if HW_CAST:
+            q = y * (1.0 / s)[:, None]
+        else:
+            q = e4m3_grid_tl(y / s[:, None])
         tl.store(q_ptr + rows[:, None] * K + cols[None, :], q.to(tl.float8e4nv), mask=mask)
 
     @triton.jit
@@ -140,6 +150,7 @@ if triton is not None:
         ROWS: tl.constexpr,
         BLOCK_K: tl.constexpr,
         ONE_TILE: tl.constexpr,
+        HW_CAST: tl.constexpr,
     ):
         row0 = tl.program_id(0) * ROWS
         if ONE_TILE:
@@ -152,7 +163,7 @@ if triton is not None:
             y = _mod((x - mean[:, None]) * rstd[:, None], sc, sh)
             amax_t, nan_t = _absmax_nans(y, mask)
             s = _row_scale(amax_t, nan_t)
-            _store_fp8_tile(q_ptr, rows, cols, mask, y, s, K)
+            _store_fp8_tile(q_ptr, rows, cols, mask, y, s, K, HW_CAST)
         else:
             acc_s = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
             acc_q = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
@@ -188,8 +199,7 @@ if triton is not None:
                 sh = tl.load(shift_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
                 sc = tl.load(scale_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
                 _store_fp8_tile(
-                    q_ptr, rows, cols, mask, _mod((x - mean[:, None]) * rstd[:, None], sc, sh), s, K
-                )
+                    q_ptr, rows, cols, mask, _mod((x - mean[:, None]) * rstd[:, None], sc, sh), s, K, HW_CAST)
         rows = row0 + tl.arange(0, ROWS)
         tl.store(s_ptr + rows, s, mask=rows < M)
 
@@ -211,6 +221,7 @@ if triton is not None:
         ROWS: tl.constexpr,
         BLOCK_K: tl.constexpr,
         ONE_TILE: tl.constexpr,
+        HW_CAST: tl.constexpr,
     ):
         row0 = tl.program_id(0) * ROWS
         if ONE_TILE:
@@ -227,7 +238,7 @@ if triton is not None:
             yv = _mod((x - mean[:, None]) * rstd[:, None], sc, sh)
             amax_t, nan_t = _absmax_nans(yv, mask)
             s = _row_scale(amax_t, nan_t)
-            _store_fp8_tile(q_ptr, rows, cols, mask, yv, s, K)
+            _store_fp8_tile(q_ptr, rows, cols, mask, yv, s, K, HW_CAST)
         else:
             acc_s = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
             acc_q = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
@@ -268,8 +279,7 @@ if triton is not None:
                 sh = tl.load(shift_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
                 sc = tl.load(scale_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
                 _store_fp8_tile(
-                    q_ptr, rows, cols, mask, _mod((x - mean[:, None]) * rstd[:, None], sc, sh), s, K
-                )
+                    q_ptr, rows, cols, mask, _mod((x - mean[:, None]) * rstd[:, None], sc, sh), s, K, HW_CAST)
         rows = row0 + tl.arange(0, ROWS)
         tl.store(s_ptr + rows, s, mask=rows < M)
 
@@ -292,6 +302,7 @@ if triton is not None:
         ROWS: tl.constexpr,
         BLOCK_K: tl.constexpr,
         ONE_TILE: tl.constexpr,
+        HW_CAST: tl.constexpr,
     ):
         row0 = tl.program_id(0) * ROWS
         if ONE_TILE:
@@ -299,7 +310,7 @@ if triton is not None:
             y = _swiglu_tile(gu_ptr, rows, cols, mask, F, stride_gu)
             amax_t, nan_t = _absmax_nans(y, mask)
             s = _row_scale(amax_t, nan_t)
-            _store_fp8_tile(q_ptr, rows, cols, mask, y, s, F)
+            _store_fp8_tile(q_ptr, rows, cols, mask, y, s, F, HW_CAST)
         else:
             amax_t = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
             nan_t = tl.zeros([ROWS, BLOCK_K], dtype=tl.int32)
@@ -314,14 +325,14 @@ if triton is not None:
             for k0 in range(0, F, BLOCK_K):
                 rows, cols, cmask, mask = _tile(row0, k0, M, F, ROWS, BLOCK_K)
                 _store_fp8_tile(
-                    q_ptr, rows, cols, mask, _swiglu_tile(gu_ptr, rows, cols, mask, F, stride_gu), s, F
-                )
+                    q_ptr, rows, cols, mask, _swiglu_tile(gu_ptr, rows, cols, mask, F, stride_gu), s, F, HW_CAST)
         rows = row0 + tl.arange(0, ROWS)
         tl.store(s_ptr + rows, s, mask=rows < M)
 
     @triton.jit
     def _quant_rows_kernel(
-        x_ptr, q_ptr, s_ptr, M, K, stride_x, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, ONE_TILE: tl.constexpr
+        x_ptr, q_ptr, s_ptr, M, K, stride_x, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, ONE_TILE: tl.constexpr,
+        HW_CAST: tl.constexpr,
     ):
         row0 = tl.program_id(0) * ROWS
         if ONE_TILE:
@@ -329,7 +340,7 @@ if triton is not None:
             y = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             amax_t, nan_t = _absmax_nans(y, mask)
             s = _row_scale(amax_t, nan_t)
-            _store_fp8_tile(q_ptr, rows, cols, mask, y, s, K)
+            _store_fp8_tile(q_ptr, rows, cols, mask, y, s, K, HW_CAST)
         else:
             amax_t = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
             nan_t = tl.zeros([ROWS, BLOCK_K], dtype=tl.int32)
@@ -349,7 +360,7 @@ if triton is not None:
                 y = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(
                     tl.float32
                 )
-                _store_fp8_tile(q_ptr, rows, cols, mask, y, s, K)
+                _store_fp8_tile(q_ptr, rows, cols, mask, y, s, K, HW_CAST)
         rows = row0 + tl.arange(0, ROWS)
         tl.store(s_ptr + rows, s, mask=rows < M)
 
@@ -406,13 +417,21 @@ def _resolve_config(name: str, config) -> tuple[int, int, int]:
     return _check_config(name, DEFAULT_CONFIGS[name] if config is None else config)
 
 
-def _launch(config: tuple[int, int, int], M: int, K: int):
+def _launch(config: tuple[int, int, int], M: int, K: int, hw_cast: bool = False):
     """Grid and meta-parameters for a row kernel of width K; block_k is capped at next_pow2(K) (one tile)."""
     rows, block_k, warps = config
     full = triton.next_power_of_2(K)
     block_k = full if block_k == 0 else min(block_k, full)
-    meta = dict(ROWS=rows, BLOCK_K=block_k, ONE_TILE=block_k >= K, num_warps=warps or _warps(rows * block_k))
+    meta = dict(ROWS=rows, BLOCK_K=block_k, ONE_TILE=block_k >= K, HW_CAST=hw_cast,
+                num_warps=warps or _warps(rows * block_k))
     return (triton.cdiv(M, rows),), meta
+
+
+def _hw_cast(x: torch.Tensor, exact_rounding: bool) -> bool:
+    """Compiled GPU code quantizes with y·(1/s) and the hardware e4m3 conversion (round to nearest even);
+    `exact_rounding=True` (and the CPU interpreter, whose own cast is wrong) keeps IEEE y/s and the float32
+    grid rounding of the twin. The two differ only where y·(1/s) and y/s straddle an e4m3 rounding midpoint."""
+    return x.is_cuda and not exact_rounding
 
 
 def _check_2d(name: str, x: torch.Tensor) -> None:
@@ -431,6 +450,7 @@ def ln_mod_quant(
     backend: str = "auto",
     *,
     config: tuple[int, int, int] | None = None,
+    exact_rounding: bool = False,
 ):
     """x [M, K]; shift, scale [K] → (fp8 [M, K], float32 scales [M]).
     config: (rows_per_program, block_k, num_warps) for the Triton kernel; None = DEFAULT_CONFIGS["ln_mod_quant"]."""
@@ -446,7 +466,7 @@ def ln_mod_quant(
     M = x.shape[0]
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty(M, dtype=torch.float32, device=x.device)
-    grid, meta = _launch(config, M, K)
+    grid, meta = _launch(config, M, K, _hw_cast(x, exact_rounding))
     _ln_mod_quant_kernel[grid](
         x, shift.contiguous(), scale.contiguous(), q, s, M, K, x.stride(0), eps, **meta
     )
@@ -463,6 +483,7 @@ def residual_ln_mod_quant(
     backend: str = "auto",
     *,
     config: tuple[int, int, int] | None = None,
+    exact_rounding: bool = False,
 ):
     """x, y [M, K]; gate, shift, scale [K] → (x + gate·y [M, K] in x's dtype, fp8 [M, K], float32 scales [M]).
     The gated residual add of one sub-block fused with the next sub-block's norm, modulation and quantization.
@@ -482,7 +503,7 @@ def residual_ln_mod_quant(
     xo = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty(M, dtype=torch.float32, device=x.device)
-    grid, meta = _launch(config, M, K)
+    grid, meta = _launch(config, M, K, _hw_cast(x, exact_rounding))
     _residual_ln_mod_quant_kernel[grid](
         x,
         y,
@@ -502,7 +523,8 @@ def residual_ln_mod_quant(
     return xo, q, s
 
 
-def swiglu_quant(gu: torch.Tensor, backend: str = "auto", *, config: tuple[int, int, int] | None = None):
+def swiglu_quant(gu: torch.Tensor, backend: str = "auto", *, config: tuple[int, int, int] | None = None,
+                 exact_rounding: bool = False):
     """gu [M, 2F] = [gate | up] → (fp8 [M, F], float32 scales [M]).
     config: (rows_per_program, block_k, num_warps), block_k tiling F; None = DEFAULT_CONFIGS["swiglu_quant"]."""
     _check_2d("swiglu_quant gu", gu)
@@ -514,12 +536,13 @@ def swiglu_quant(gu: torch.Tensor, backend: str = "auto", *, config: tuple[int, 
     M, F = gu.shape[0], gu.shape[1] // 2
     q = torch.empty((M, F), dtype=torch.float8_e4m3fn, device=gu.device)
     s = torch.empty(M, dtype=torch.float32, device=gu.device)
-    grid, meta = _launch(config, M, F)
+    grid, meta = _launch(config, M, F, _hw_cast(gu, exact_rounding))
     _swiglu_quant_kernel[grid](gu, q, s, M, F, gu.stride(0), **meta)
     return q, s
 
 
-def quant_rows(x: torch.Tensor, backend: str = "auto", *, config: tuple[int, int, int] | None = None):
+def quant_rows(x: torch.Tensor, backend: str = "auto", *, config: tuple[int, int, int] | None = None,
+               exact_rounding: bool = False):
     """x [M, K] → (fp8 [M, K], float32 scales [M]).
     config: (rows_per_program, block_k, num_warps); None = DEFAULT_CONFIGS["quant_rows"]."""
     _check_2d("quant_rows x", x)
@@ -529,6 +552,6 @@ def quant_rows(x: torch.Tensor, backend: str = "auto", *, config: tuple[int, int
     M, K = x.shape
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty(M, dtype=torch.float32, device=x.device)
-    grid, meta = _launch(config, M, K)
+    grid, meta = _launch(config, M, K, _hw_cast(x, exact_rounding))
     _quant_rows_kernel[grid](x, q, s, M, K, x.stride(0), **meta)
     return q, s

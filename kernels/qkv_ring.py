@@ -66,23 +66,32 @@ def qkv_ring_write_ref(qkv, q_weight, k_weight, cos, sin, slots, k_cache, v_cach
 if triton is not None:
 
     @triton.jit
-    def _fp8_head_rows(x, row_ptrs, scale_ptrs, img_ptrs, hm, IMAGE: tl.constexpr):
-        """Quantize [BLOCK_H, D] float32 rows (one scale per head row), store codes, scales and the image."""
+    def _fp8_head_rows(x, row_ptrs, scale_ptrs, img_ptrs, hm, IMAGE: tl.constexpr, HW_CAST: tl.constexpr):
+        """Quantize [BLOCK_H, D] float32 rows (one scale per head row), store codes, scales and the image.
+        HW_CAST: x·(1/scale) and the hardware e4m3 / bf16 conversions (compiled GPU code); otherwise the
+        twin's IEEE division and float32 grid rounding (the interpreter's own casts are wrong)."""
         amax = tl.max(tl.abs(x), axis=1)
         nans = tl.sum((x != x).to(tl.int32), axis=1)
         amax = tl.where(nans > 0, float("nan"), tl.maximum(amax, 1e-8))
         scale = tl.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
-        y = tl.div_rn(x, scale[:, None])
-        tl.store(row_ptrs, to_e4m3_tl(y), mask=hm[:, None])
         tl.store(scale_ptrs, scale, mask=hm)
-        if IMAGE:
-            img = bf16_grid_tl(e4m3_grid_tl(y) * scale[:, None])  # round to nearest even, then an exact cast
-            tl.store(img_ptrs, img.to(img_ptrs.dtype.element_ty), mask=hm[:, None])
+        if HW_CAST:
+            codes = (x * (1.0 / scale)[:, None]).to(tl.float8e4nv)
+            tl.store(row_ptrs, codes, mask=hm[:, None])
+            if IMAGE:
+                img = codes.to(tl.float32) * scale[:, None]
+                tl.store(img_ptrs, img.to(img_ptrs.dtype.element_ty), mask=hm[:, None])
+        else:
+            y = tl.div_rn(x, scale[:, None])
+            tl.store(row_ptrs, to_e4m3_tl(y), mask=hm[:, None])
+            if IMAGE:
+                img = bf16_grid_tl(e4m3_grid_tl(y) * scale[:, None])  # round to nearest even, then an exact cast
+                tl.store(img_ptrs, img.to(img_ptrs.dtype.element_ty), mask=hm[:, None])
 
     @triton.jit
     def _qkv_ring_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, slot_ptr, q_out, kc_ptr, vc_ptr, ks_ptr, vs_ptr,
                          ki_ptr, vi_ptr, stride_tok, H, eps, D: tl.constexpr, BLOCK_H: tl.constexpr,
-                         IMAGE: tl.constexpr):
+                         IMAGE: tl.constexpr, HW_CAST: tl.constexpr):
         tok = tl.program_id(0)
         hh = tl.arange(0, BLOCK_H)
         dd = tl.arange(0, D)
@@ -106,8 +115,8 @@ if triton is not None:
         ke, ko = tl.split(tl.reshape(k, [BLOCK_H, D // 2, 2]))
         k_rot = tl.reshape(tl.join(ke * c - ko * s, ke * s + ko * c), [BLOCK_H, D])
         ring = slot * H * D + offs  # [S, H, D] contiguous: the slot's H·D values are one run
-        _fp8_head_rows(k_rot, kc_ptr + ring, ks_ptr + slot * H + hh, ki_ptr + ring, hm, IMAGE)
-        _fp8_head_rows(v, vc_ptr + ring, vs_ptr + slot * H + hh, vi_ptr + ring, hm, IMAGE)
+        _fp8_head_rows(k_rot, kc_ptr + ring, ks_ptr + slot * H + hh, ki_ptr + ring, hm, IMAGE, HW_CAST)
+        _fp8_head_rows(v, vc_ptr + ring, vs_ptr + slot * H + hh, vi_ptr + ring, hm, IMAGE, HW_CAST)
 
 
 def _check(qkv, q_weight, k_weight, cos, sin, slots, k_cache, v_cache, k_scale, v_scale, heads, k_image, v_image):
@@ -154,8 +163,10 @@ def qkv_ring_write(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Te
                    sin: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    k_scale: torch.Tensor, v_scale: torch.Tensor, heads: int, eps: float = 1e-6, *,
                    k_image: torch.Tensor | None = None, v_image: torch.Tensor | None = None,
-                   backend: str = "auto") -> torch.Tensor:
-    """Normalize and rotate q and k, write k and v into the FP8 ring at `slots` (and the image); returns q_rot."""
+                   backend: str = "auto", exact_rounding: bool = False) -> torch.Tensor:
+    """Normalize and rotate q and k, write k and v into the FP8 ring at `slots` (and the image); returns q_rot.
+    exact_rounding: on a GPU, quantize with the twin's IEEE division + grid rounding instead of x·(1/scale) and
+    the hardware conversion (codes then differ by at most one e4m3 step, where the two straddle a midpoint)."""
     _check(qkv, q_weight, k_weight, cos, sin, slots, k_cache, v_cache, k_scale, v_scale, heads, k_image, v_image)
     d = q_weight.shape[0]
     if d & (d - 1) and backend == "triton":
@@ -173,5 +184,6 @@ def qkv_ring_write(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Te
     ki, vi = (k_image, v_image) if image else (k_cache, v_cache)  # unused pointers when IMAGE is off
     _qkv_ring_kernel[(n,)](qkv, q_weight, k_weight, cos.contiguous().float(), sin.contiguous().float(), slots, q_out,
                            k_cache, v_cache, k_scale, v_scale, ki, vi, qkv.stride(0), heads, eps, D=d,
-                           BLOCK_H=triton.next_power_of_2(heads), IMAGE=image, num_warps=4)
+                           BLOCK_H=triton.next_power_of_2(heads), IMAGE=image,
+                           HW_CAST=qkv.is_cuda and not exact_rounding, num_warps=4)
     return q_out

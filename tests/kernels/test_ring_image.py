@@ -128,4 +128,5 @@ def test_gpu_57b_refresh_and_attention():
     sdpa = ring_attention(q, k8, v8, ks, vs, valid, backend="sdpa", all_valid=True)
     assert torch.equal(got, sdpa), f"image != sdpa on the GPU: max |diff| {(got - sdpa).abs().max():.3e}"
     ref = ring_attention_ref(q, k8, v8, ks, vs, valid)
-    assert_close(got.float(), ref, rel_rms=2e-2, max_abs=0.1 * ref.abs().max().item(), what="image vs reference")
+    # keys span 1e-2..1e2 in magnitude here, so bf16 logits round coarsely: the bound is the sdpa backend's
+    assert_close(got.float(), ref, rel_rms=4e-2, max_abs=0.25 * ref.abs().max().item(), what="image vs reference")
