@@ -222,6 +222,7 @@ if triton is not None:
         BLOCK_K: tl.constexpr,
         ONE_TILE: tl.constexpr,
         HW_CAST: tl.constexpr,
+        LATE_LOADS: tl.constexpr,
     ):
         row0 = tl.program_id(0) * ROWS
         if ONE_TILE:
@@ -229,12 +230,16 @@ if triton is not None:
             x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             y = tl.load(y_ptr + rows[:, None] * stride_y + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             g = tl.load(gate_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-            sh = tl.load(shift_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-            sc = tl.load(scale_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+            if not LATE_LOADS:  # every load issued up front (latency) ...
+                sh = tl.load(shift_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+                sc = tl.load(scale_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
             xn = (x + g[None, :] * y).to(xo_ptr.dtype.element_ty)
             tl.store(xo_ptr + rows[:, None] * K + cols[None, :], xn, mask=mask)
             x = tl.where(mask, xn.to(tl.float32), 0.0)  # normalize what was stored, as the reference does
             mean, rstd = _ln_stats(x, x * x, K, eps)
+            if LATE_LOADS:  # ... or shift/scale (L2-resident vectors) only after the statistics: fewer live registers
+                sh = tl.load(shift_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+                sc = tl.load(scale_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
             yv = _mod((x - mean[:, None]) * rstd[:, None], sc, sh)
             amax_t, nan_t = _absmax_nans(yv, mask)
             s = _row_scale(amax_t, nan_t)
@@ -379,6 +384,10 @@ DEFAULT_CONFIGS: dict[str, tuple[int, int, int]] = {
     "quant_rows": (1, 0, 4),
 }
 
+# residual_ln_mod_quant, one-tile form: load shift/scale after the row statistics (True) or with x, y and the
+# gate (False). `late_loads=` on the launcher overrides; bench/gpu_tune.py times both.
+RESIDUAL_LATE_LOADS = False
+
 _WARP_CHOICES = (0, 1, 2, 4, 8, 16, 32)
 
 
@@ -484,6 +493,7 @@ def residual_ln_mod_quant(
     *,
     config: tuple[int, int, int] | None = None,
     exact_rounding: bool = False,
+    late_loads: bool | None = None,
 ):
     """x, y [M, K]; gate, shift, scale [K] → (x + gate·y [M, K] in x's dtype, fp8 [M, K], float32 scales [M]).
     The gated residual add of one sub-block fused with the next sub-block's norm, modulation and quantization.
@@ -504,6 +514,7 @@ def residual_ln_mod_quant(
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty(M, dtype=torch.float32, device=x.device)
     grid, meta = _launch(config, M, K, _hw_cast(x, exact_rounding))
+    meta["LATE_LOADS"] = RESIDUAL_LATE_LOADS if late_loads is None else bool(late_loads)
     _residual_ln_mod_quant_kernel[grid](
         x,
         y,
