@@ -214,8 +214,11 @@ class FastDiT:
         mods, final = self._modulation(float(sigma))
         s["mods"].copy_(mods)
         s["final_mod"].copy_(final)
-        key = (st.chunk, int(st.pos[0, 0]))
-        if self._pos_key != key:  # positions change once per chunk, not per pass
+        # positions change once per chunk, not per pass. The key is host-side (the chunk index and the cache's
+        # count of position shifts): reading a device tensor here would make the host wait for the previous
+        # pass before it can launch the next one, leaving the GPU idle at every pass boundary.
+        key = (id(cache), st.chunk, cache.position_shift)
+        if self._pos_key != key:
             ang = rope_angles(st.pos, self.cfg.rope_dims, self.cfg.rope_theta)  # on the device: no round trip
             s["cos"].copy_(ang.cos())
             s["sin"].copy_(ang.sin())

@@ -110,6 +110,11 @@ class KVCache:
         if not keys_only:
             dequant_slots(self.v[layer], self.v_scale[layer], slots, self.v_image[layer], backend=self.backend)
 
+    @property
+    def position_shift(self) -> int:
+        """The sum of the position shifts applied since the session began (host-side, no device access)."""
+        return self._offset_chunks
+
     def clear(self) -> None:
         """Forget the session (a warm worker reuses the preallocated ring; CUDA graphs keep its addresses)."""
         self.state = None
