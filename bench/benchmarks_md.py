@@ -28,6 +28,7 @@ t2a, t2b = tp2["ranks"]
 c, g, ob, bb, n = (d["components_ms_per_call"], d["gemm_ceiling"], d["optimized_breakdown_ms"],
                    d["baseline_breakdown_ms"], d["numerics"])
 prof = d["optimized_profile"]["ms_per_chunk_by_category"]
+res_k = d["optimized_profile"]["top_kernels_ms_per_chunk"]["_residual_ln_mod_quant_kernel"]
 busy = sum(prof.values())
 p1 = tune1["step"]["current"]["profile"]["top_kernels_ms_per_chunk"]
 ns, nu = tune2["numerics_scaled"], tune2["numerics_unit"]
@@ -111,7 +112,8 @@ these inputs (fraction differing: {rnd['residual_ln_mod_quant']['codes_differ_fr
 ({d['optimized_ms']:.1f} ms; repeat {rep['optimized_ms']:.1f} ms) — within the lease-to-lease spread above. What is left, by the profile:
 GEMMs {prof['gemms']:.1f} ms (cuBLASLt at {g['fp8_ceiling_tflops']:.0f} TFLOP/s; by its kernel name the QKV GEMM runs 128×128 tiles, 288 of them
 for 132 SMs, 2.2 waves), attention {prof['attention']:.1f} ms (by its name cuDNN's kernel takes 64-query tiles: 12 × 16 heads = 192
-CTAs, 1.45 waves), the residual kernel {d['optimized_profile']['top_kernels_ms_per_chunk']['_residual_ln_mod_quant_kernel']['ms']:.1f} ms (~2.6 TB/s of ~4.3), 1,200 memsets per chunk
+CTAs, 1.45 waves), the residual kernel {res_k['ms']:.1f} ms ({res_k['ms'] / res_k['calls_per_chunk'] * 1e3:.1f} µs per call in the
+step: {757 * 8192 * 7 / (res_k['ms'] / res_k['calls_per_chunk'] * 1e-3) / 1e12:.1f} TB/s for its 43 MB against ~4.3 TB/s of copy bandwidth), 1,200 memsets per chunk
 issued inside library calls (source not identified), and {d['optimized_ms'] - busy:.1f} ms of idle between graph nodes.
 
 **Numerics on the GPU** (same run: 104 chunks, `t_limit` 40, {n['resets']} position resets):

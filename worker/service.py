@@ -48,6 +48,7 @@ import numpy as np
 from vivant.sessions.flags import FlagStore, FlagWatcher
 from vivant.sessions.models import Assignment, EndRequest, FlagSet, FlagValues, SessionStats, WorkerInfo
 from vivant.sessions.registry import Registry, RegistryUnavailable, redis_client
+from vivant.worker.engine import ENGINES
 from vivant.worker.metrics import WorkerMetrics
 from vivant.worker.metrics import serve as serve_metrics
 
@@ -106,15 +107,18 @@ class SessionRunner(Protocol):
 
 class GeneratorRunner:
     """The real chunk generator (loaded once, warm) fed with silence, writing latents to a null sink or,
-    with `out_dir`, to `out_dir/<session>/chunk_NNNNN.npy` (float32 [C, latent_h, latent_w])."""
+    with `out_dir`, to `out_dir/<session>/chunk_NNNNN.npy` (float32 [C, latent_h, latent_w]). `engine`
+    (worker/engine.py): "auto" runs FastDiT on CUDA in optimized mode, the float VideoDiT otherwise."""
 
     def __init__(self, preset: str = "tiny", *, mode: str = "optimized", device: str = "cpu",
-                 out_dir: str | Path | None = None, seed: int = 0, weights: str | Path | None = None) -> None:
+                 out_dir: str | Path | None = None, seed: int = 0, weights: str | Path | None = None,
+                 engine: str = "auto") -> None:
         from vivant.worker.config import ModelConfig
-        from vivant.worker.generator import ChunkGenerator
+        from vivant.worker.engine import build_generator
 
         self.cfg = ModelConfig.from_name(preset)
-        self.generator = ChunkGenerator(self.cfg, mode=mode, device=device, seed=seed, weights=weights)
+        self.generator = build_generator(self.cfg, mode=mode, device=device, seed=seed, weights=weights,
+                                         engine=engine)
         self.frames_per_chunk = self.cfg.frames_per_chunk
         self.chunk_seconds = self.cfg.chunk_seconds
         self.out_dir = Path(out_dir) if out_dir else None
@@ -521,14 +525,16 @@ def build_runner(args: argparse.Namespace, weights: Path | None) -> SessionRunne
 
     `livekit` joins each assignment's room with the assignment's URL and token; without a reachable
     LiveKit server its sessions fail at `begin` (reported as Failed with the join error)."""
+    engine = getattr(args, "engine", "auto")  # a Namespace built by hand (tests) may not have it
     if args.runner == "generator":
-        return GeneratorRunner(args.preset, mode=args.mode, device=args.device, out_dir=args.out, weights=weights)
+        return GeneratorRunner(args.preset, mode=args.mode, device=args.device, out_dir=args.out, weights=weights,
+                               engine=engine)
     from vivant.worker.config import ModelConfig
-    from vivant.worker.generator import ChunkGenerator
+    from vivant.worker.engine import build_generator
     from vivant.worker.vae import VAEConfig, build_vae_decoder, load_vae_decoder
 
     cfg = ModelConfig.from_name(args.preset)
-    generator = ChunkGenerator(cfg, mode=args.mode, device=args.device, weights=weights)
+    generator = build_generator(cfg, mode=args.mode, device=args.device, weights=weights, engine=engine)
     vae_cfg = VAEConfig.for_model(cfg)
     vae = (load_vae_decoder(vae_cfg, args.vae_weights, device=args.device) if args.vae_weights
            else build_vae_decoder(vae_cfg, device=args.device))
@@ -569,6 +575,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default=env.get("VIVANT_MODEL_PRESET", "tiny"), help="model preset")
     parser.add_argument("--mode", default="optimized", choices=["optimized", "baseline"])
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--engine", default=env.get("VIVANT_ENGINE", "auto"), choices=ENGINES,
+                        help="what runs the denoising passes (env VIVANT_ENGINE): auto = fast on a CUDA device "
+                             "with --mode optimized, else model; fast = FastDiT (FP8 GEMMs, fused kernels, "
+                             "ring read-image attention, CUDA graphs; needs --mode optimized); model = the "
+                             "float VideoDiT")
     parser.add_argument("--out", default=None, help="file sink: write each chunk's latents (--runner generator) "
                                                      "or an MP4 per session (--runner pipeline) under this folder")
     parser.add_argument("--heartbeat-ttl", type=float, default=10.0, help="seconds without heartbeat = dead")
@@ -587,6 +598,14 @@ def run(args: argparse.Namespace) -> int:
     if args.runner not in RUNNERS:  # argparse does not check a default taken from VIVANT_RUNNER
         print(f"vivant worker: runner: expected one of {', '.join(RUNNERS)} (--runner or VIVANT_RUNNER), "
               f"got {args.runner!r}")
+        return 2
+    engine = getattr(args, "engine", "auto")
+    if engine not in ENGINES:  # nor one taken from VIVANT_ENGINE
+        print(f"vivant worker: engine: expected one of {', '.join(ENGINES)} (--engine or VIVANT_ENGINE), "
+              f"got {engine!r}")
+        return 2
+    if engine == "fast" and args.mode != "optimized":
+        print(f"vivant worker: engine: 'fast' needs --mode optimized (an FP8 ring cache), got mode {args.mode!r}")
         return 2
     try:
         weights = checkpoint_path(args.checkpoint)
