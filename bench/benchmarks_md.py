@@ -19,14 +19,12 @@ prev = load("step_57b_tp4_rank0_h200_2026-11-29_previous-engine.json")
 t1 = load("step_57b_tp1_h200_2026-11-29.json")
 t1_prev = load("step_57b_tp1_h200_2026-11-29_previous-engine.json")
 dec = load("decode_57b_h200_2026-11-29.json")
-floor = load("floor_57b_tp4_rank0_h200_2026-11-29.json")
 tp2 = load("tp2_57b_shapes_h200x2_2026-11-29.json")
 tune1 = load("tune_57b_tp4_rank0_h200_2026-11-29_first.json")
 tune2 = load("tune_57b_tp4_rank0_h200_2026-11-29_second.json")
 tune3 = load("tune_57b_tp4_rank0_h200_2026-11-29_third.json")
 t2a, t2b = tp2["ranks"]
-c, g, ob, bb, n = (d["components_ms_per_call"], d["gemm_ceiling"], d["optimized_breakdown_ms"],
-                   d["baseline_breakdown_ms"], d["numerics"])
+c, g, bb, n = d["components_ms_per_call"], d["gemm_ceiling"], d["baseline_breakdown_ms"], d["numerics"]
 prof = d["optimized_profile"]["ms_per_chunk_by_category"]
 res_k = d["optimized_profile"]["top_kernels_ms_per_chunk"]["_residual_ln_mod_quant_kernel"]
 busy = sum(prof.values())
@@ -128,7 +126,8 @@ The bound is 2% per chunk: **met** at this init. The init matters and is stated:
 N(0, 1/fan_in) and divides the two residual-writing projections (attention O, MLP down) by sqrt(2·60), the
 standard depth-scaled initialization of deep transformers (GPT-2, Megatron-LM). The previous session's `unit`
 init (no depth scaling) makes this 60-layer random network amplify any rounding: probes of 24 chunks with 3 resets
-(`bench/gpu_tune.py`, `tune_…_second.json`) give
+(`bench/gpu_tune.py`, `tune_…_second.json`; the previous session's 40-chunk floor run at `unit` init,
+`floor_57b_tp4_rank0_h200_2026-11-29.json`, agrees: 2.9–3.1%) give
 
 | init | mode only (max) | floor: same engine, input noise perturbed by one bf16 step (max) | ablation: no delta rotation at resets (max) |
 |---|---|---|---|

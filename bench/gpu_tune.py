@@ -256,8 +256,6 @@ def time_rounding(cfg) -> dict:
     fns = {
         "ln_mod_quant": lambda e: fq.ln_mod_quant(x, sh, sc, exact_rounding=e),
         "residual_ln_mod_quant": lambda e: fq.residual_ln_mod_quant(x, y, g, sh, sc, exact_rounding=e)[1:],
-        "residual_ln_mod_quant_late_loads": lambda e: fq.residual_ln_mod_quant(x, y, g, sh, sc, exact_rounding=e,
-                                                                               late_loads=True)[1:],
         "swiglu_quant": lambda e: fq.swiglu_quant(gu, exact_rounding=e),
         "quant_rows": lambda e: fq.quant_rows(att, exact_rounding=e),
         "qkv_ring_write": qkv_fn,
@@ -420,13 +418,6 @@ def main() -> None:
                 out["sdpa"] = time_variant(model, fast_w, cfg, "sdpa", False, {}, prof=True)
             out["image"] = time_variant(model, fast_w, cfg, "image", False, best, prof=True)
             out["image_fast_accum"] = time_variant(model, fast_w, cfg, "image", True, best, prof=True)
-            late = fq.RESIDUAL_LATE_LOADS
-            fq.RESIDUAL_LATE_LOADS = not late
-            try:
-                out[f"image_fast_accum_residual_late_loads_{not late}"] = time_variant(model, fast_w, cfg, "image", True,
-                                                                                      best)
-            finally:
-                fq.RESIDUAL_LATE_LOADS = late
             return out
         section("step", step, res)
         save()

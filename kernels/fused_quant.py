@@ -137,6 +137,44 @@ if triton is not None:
         return mean, 1.0 / tl.sqrt(var + eps)
 
     @triton.jit
+    def _ln_mod_quant_tile(x, sh, sc, mask, rows, cols, q_ptr, K, eps, HW_CAST: tl.constexpr):
+        """One-tile form: whole rows x [ROWS, BLOCK_K] (zeros where masked) → LayerNorm, modulation, FP8 rows
+        stored; returns the per-row scales."""
+        mean, rstd = _ln_stats(x, x * x, K, eps)
+        y = _mod((x - mean[:, None]) * rstd[:, None], sc, sh)
+        amax_t, nan_t = _absmax_nans(y, mask)
+        s = _row_scale(amax_t, nan_t)
+        _store_fp8_tile(q_ptr, rows, cols, mask, y, s, K, HW_CAST)
+        return s
+
+    @triton.jit
+    def _ln_mod_scale_pass(src_ptr, stride, shift_ptr, scale_ptr, row0, M, K, mean, rstd, ROWS: tl.constexpr,
+                           BLOCK_K: tl.constexpr):
+        """Looped pass 2: re-read the rows, normalize + modulate each tile, return the per-row FP8 scales."""
+        amax_t = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
+        nan_t = tl.zeros([ROWS, BLOCK_K], dtype=tl.int32)
+        for k0 in range(0, K, BLOCK_K):
+            rows, cols, cmask, mask = _tile(row0, k0, M, K, ROWS, BLOCK_K)
+            x = tl.load(src_ptr + rows[:, None] * stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            sh = tl.load(shift_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+            sc = tl.load(scale_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+            a, n = _absmax_nans(_mod((x - mean[:, None]) * rstd[:, None], sc, sh), mask)
+            amax_t = tl.maximum(amax_t, a)
+            nan_t += n
+        return _row_scale(amax_t, nan_t)
+
+    @triton.jit
+    def _ln_mod_store_pass(src_ptr, stride, shift_ptr, scale_ptr, q_ptr, row0, M, K, mean, rstd, s,
+                           ROWS: tl.constexpr, BLOCK_K: tl.constexpr, HW_CAST: tl.constexpr):
+        """Looped pass 3: re-read, normalize + modulate, quantize with the row scales s and store."""
+        for k0 in range(0, K, BLOCK_K):
+            rows, cols, cmask, mask = _tile(row0, k0, M, K, ROWS, BLOCK_K)
+            x = tl.load(src_ptr + rows[:, None] * stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            sh = tl.load(shift_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+            sc = tl.load(scale_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+            _store_fp8_tile(q_ptr, rows, cols, mask, _mod((x - mean[:, None]) * rstd[:, None], sc, sh), s, K, HW_CAST)
+
+    @triton.jit
     def _ln_mod_quant_kernel(
         x_ptr,
         shift_ptr,
@@ -159,11 +197,7 @@ if triton is not None:
             x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             sh = tl.load(shift_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
             sc = tl.load(scale_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-            mean, rstd = _ln_stats(x, x * x, K, eps)
-            y = _mod((x - mean[:, None]) * rstd[:, None], sc, sh)
-            amax_t, nan_t = _absmax_nans(y, mask)
-            s = _row_scale(amax_t, nan_t)
-            _store_fp8_tile(q_ptr, rows, cols, mask, y, s, K, HW_CAST)
+            s = _ln_mod_quant_tile(x, sh, sc, mask, rows, cols, q_ptr, K, eps, HW_CAST)
         else:
             acc_s = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
             acc_q = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
@@ -176,30 +210,10 @@ if triton is not None:
                 acc_s += x
                 acc_q += x * x
             mean, rstd = _ln_stats(acc_s, acc_q, K, eps)
-            amax_t = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
-            nan_t = tl.zeros([ROWS, BLOCK_K], dtype=tl.int32)
-            # pass 2: row absmax and NaN count of the modulated values
-            for k0 in range(0, K, BLOCK_K):
-                rows, cols, cmask, mask = _tile(row0, k0, M, K, ROWS, BLOCK_K)
-                x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(
-                    tl.float32
-                )
-                sh = tl.load(shift_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-                sc = tl.load(scale_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-                a, n = _absmax_nans(_mod((x - mean[:, None]) * rstd[:, None], sc, sh), mask)
-                amax_t = tl.maximum(amax_t, a)
-                nan_t += n
-            s = _row_scale(amax_t, nan_t)
-            # pass 3: quantize and store
-            for k0 in range(0, K, BLOCK_K):
-                rows, cols, cmask, mask = _tile(row0, k0, M, K, ROWS, BLOCK_K)
-                x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(
-                    tl.float32
-                )
-                sh = tl.load(shift_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-                sc = tl.load(scale_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-                _store_fp8_tile(
-                    q_ptr, rows, cols, mask, _mod((x - mean[:, None]) * rstd[:, None], sc, sh), s, K, HW_CAST)
+            # pass 2: row absmax and NaN count of the modulated values; pass 3: quantize and store
+            s = _ln_mod_scale_pass(x_ptr, stride_x, shift_ptr, scale_ptr, row0, M, K, mean, rstd, ROWS, BLOCK_K)
+            _ln_mod_store_pass(x_ptr, stride_x, shift_ptr, scale_ptr, q_ptr, row0, M, K, mean, rstd, s, ROWS, BLOCK_K,
+                               HW_CAST)
         rows = row0 + tl.arange(0, ROWS)
         tl.store(s_ptr + rows, s, mask=rows < M)
 
@@ -222,7 +236,6 @@ if triton is not None:
         BLOCK_K: tl.constexpr,
         ONE_TILE: tl.constexpr,
         HW_CAST: tl.constexpr,
-        LATE_LOADS: tl.constexpr,
     ):
         row0 = tl.program_id(0) * ROWS
         if ONE_TILE:
@@ -230,20 +243,12 @@ if triton is not None:
             x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             y = tl.load(y_ptr + rows[:, None] * stride_y + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             g = tl.load(gate_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-            if not LATE_LOADS:  # every load issued up front (latency) ...
-                sh = tl.load(shift_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-                sc = tl.load(scale_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+            sh = tl.load(shift_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+            sc = tl.load(scale_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
             xn = (x + g[None, :] * y).to(xo_ptr.dtype.element_ty)
             tl.store(xo_ptr + rows[:, None] * K + cols[None, :], xn, mask=mask)
             x = tl.where(mask, xn.to(tl.float32), 0.0)  # normalize what was stored, as the reference does
-            mean, rstd = _ln_stats(x, x * x, K, eps)
-            if LATE_LOADS:  # ... or shift/scale (L2-resident vectors) only after the statistics: fewer live registers
-                sh = tl.load(shift_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-                sc = tl.load(scale_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-            yv = _mod((x - mean[:, None]) * rstd[:, None], sc, sh)
-            amax_t, nan_t = _absmax_nans(yv, mask)
-            s = _row_scale(amax_t, nan_t)
-            _store_fp8_tile(q_ptr, rows, cols, mask, yv, s, K, HW_CAST)
+            s = _ln_mod_quant_tile(x, sh, sc, mask, rows, cols, q_ptr, K, eps, HW_CAST)
         else:
             acc_s = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
             acc_q = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
@@ -265,26 +270,10 @@ if triton is not None:
             mean, rstd = _ln_stats(acc_s, acc_q, K, eps)
             # passes 2 and 3 re-read xo, which this program just wrote: make every thread's stores visible first
             tl.debug_barrier()
-            amax_t = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
-            nan_t = tl.zeros([ROWS, BLOCK_K], dtype=tl.int32)
-            # pass 2: row absmax and NaN count
-            for k0 in range(0, K, BLOCK_K):
-                rows, cols, cmask, mask = _tile(row0, k0, M, K, ROWS, BLOCK_K)
-                x = tl.load(xo_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-                sh = tl.load(shift_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-                sc = tl.load(scale_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-                a, n = _absmax_nans(_mod((x - mean[:, None]) * rstd[:, None], sc, sh), mask)
-                amax_t = tl.maximum(amax_t, a)
-                nan_t += n
-            s = _row_scale(amax_t, nan_t)
-            # pass 3: quantize and store
-            for k0 in range(0, K, BLOCK_K):
-                rows, cols, cmask, mask = _tile(row0, k0, M, K, ROWS, BLOCK_K)
-                x = tl.load(xo_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-                sh = tl.load(shift_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-                sc = tl.load(scale_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-                _store_fp8_tile(
-                    q_ptr, rows, cols, mask, _mod((x - mean[:, None]) * rstd[:, None], sc, sh), s, K, HW_CAST)
+            # pass 2: row absmax and NaN count; pass 3: quantize and store
+            s = _ln_mod_scale_pass(xo_ptr, K, shift_ptr, scale_ptr, row0, M, K, mean, rstd, ROWS, BLOCK_K)
+            _ln_mod_store_pass(xo_ptr, K, shift_ptr, scale_ptr, q_ptr, row0, M, K, mean, rstd, s, ROWS, BLOCK_K,
+                               HW_CAST)
         rows = row0 + tl.arange(0, ROWS)
         tl.store(s_ptr + rows, s, mask=rows < M)
 
@@ -383,10 +372,6 @@ DEFAULT_CONFIGS: dict[str, tuple[int, int, int]] = {
     "swiglu_quant": (1, 0, 0),
     "quant_rows": (1, 0, 4),
 }
-
-# residual_ln_mod_quant, one-tile form: load shift/scale after the row statistics (True) or with x, y and the
-# gate (False). `late_loads=` on the launcher overrides; bench/gpu_tune.py times both.
-RESIDUAL_LATE_LOADS = False
 
 _WARP_CHOICES = (0, 1, 2, 4, 8, 16, 32)
 
@@ -493,7 +478,6 @@ def residual_ln_mod_quant(
     *,
     config: tuple[int, int, int] | None = None,
     exact_rounding: bool = False,
-    late_loads: bool | None = None,
 ):
     """x, y [M, K]; gate, shift, scale [K] → (x + gate·y [M, K] in x's dtype, fp8 [M, K], float32 scales [M]).
     The gated residual add of one sub-block fused with the next sub-block's norm, modulation and quantization.
@@ -514,7 +498,6 @@ def residual_ln_mod_quant(
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty(M, dtype=torch.float32, device=x.device)
     grid, meta = _launch(config, M, K, _hw_cast(x, exact_rounding))
-    meta["LATE_LOADS"] = RESIDUAL_LATE_LOADS if late_loads is None else bool(late_loads)
     _residual_ln_mod_quant_kernel[grid](
         x,
         y,

@@ -39,6 +39,17 @@ def qk_norm_rope_ref(qkv, q_weight, k_weight, cos, sin, heads: int, eps: float =
 if triton is not None:
 
     @triton.jit
+    def rms_heads_tl(x, w, D: tl.constexpr, eps):
+        """RMSNorm of each row of a [heads, D] float32 tile with the weight w [D] (shared with kernels/qkv_ring.py)."""
+        return x * (1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps))[:, None] * w[None, :]
+
+    @triton.jit
+    def rope_pairs_tl(x, c, s, BLOCK_H: tl.constexpr, D: tl.constexpr):
+        """Rotate the adjacent pairs of a [BLOCK_H, D] tile by angles given as cos/sin [1, D/2] (split in registers)."""
+        e, o = tl.split(tl.reshape(x, [BLOCK_H, D // 2, 2]))
+        return tl.reshape(tl.join(e * c - o * s, e * s + o * c), [BLOCK_H, D])
+
+    @triton.jit
     def _qk_norm_rope_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_out, k_out, stride_tok, H, eps,
                              D: tl.constexpr, BLOCK_H: tl.constexpr):
         # contiguous [heads, D] tiles (16-byte loads); the adjacent pairs are split in registers
@@ -52,13 +63,12 @@ if triton is not None:
         k = tl.load(base + H * D + offs, mask=hm[:, None], other=0.0).to(tl.float32)
         qw = tl.load(qw_ptr + dd).to(tl.float32)
         kw = tl.load(kw_ptr + dd).to(tl.float32)
-        q = q * (1.0 / tl.sqrt(tl.sum(q * q, axis=1) / D + eps))[:, None] * qw[None, :]
-        k = k * (1.0 / tl.sqrt(tl.sum(k * k, axis=1) / D + eps))[:, None] * kw[None, :]
-        qe, qo = tl.split(tl.reshape(q, [BLOCK_H, D // 2, 2]))
+        q = rms_heads_tl(q, qw, D, eps)
+        k = rms_heads_tl(k, kw, D, eps)
         j = tl.arange(0, D // 2)
         c = tl.load(cos_ptr + tok * (D // 2) + j)[None, :]
         s = tl.load(sin_ptr + tok * (D // 2) + j)[None, :]
-        q_rot = tl.reshape(tl.join(qe * c - qo * s, qe * s + qo * c), [BLOCK_H, D])
+        q_rot = rope_pairs_tl(q, c, s, BLOCK_H, D)
         out = tok * H * D + offs
         tl.store(q_out + out, q_rot.to(q_out.dtype.element_ty), mask=hm[:, None])
         tl.store(k_out + out, k.to(k_out.dtype.element_ty), mask=hm[:, None])

@@ -33,6 +33,7 @@ try:
     import triton.language as tl
     from vivant.kernels.cache_write import bf16_grid_tl
     from vivant.kernels.fp8 import e4m3_grid_tl, to_e4m3_tl
+    from vivant.kernels.qk_norm_rope import rms_heads_tl, rope_pairs_tl
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -107,13 +108,9 @@ if triton is not None:
         j = tl.arange(0, D // 2)
         c = tl.load(cos_ptr + tok * (D // 2) + j)[None, :]
         s = tl.load(sin_ptr + tok * (D // 2) + j)[None, :]
-        q = q * (1.0 / tl.sqrt(tl.sum(q * q, axis=1) / D + eps))[:, None] * qw[None, :]
-        k = k * (1.0 / tl.sqrt(tl.sum(k * k, axis=1) / D + eps))[:, None] * kw[None, :]
-        qe, qo = tl.split(tl.reshape(q, [BLOCK_H, D // 2, 2]))
-        q_rot = tl.reshape(tl.join(qe * c - qo * s, qe * s + qo * c), [BLOCK_H, D])
+        q_rot = rope_pairs_tl(rms_heads_tl(q, qw, D, eps), c, s, BLOCK_H, D)
         tl.store(q_out + tok * H * D + offs, q_rot.to(q_out.dtype.element_ty), mask=hm[:, None])
-        ke, ko = tl.split(tl.reshape(k, [BLOCK_H, D // 2, 2]))
-        k_rot = tl.reshape(tl.join(ke * c - ko * s, ke * s + ko * c), [BLOCK_H, D])
+        k_rot = rope_pairs_tl(rms_heads_tl(k, kw, D, eps), c, s, BLOCK_H, D)
         ring = slot * H * D + offs  # [S, H, D] contiguous: the slot's H·D values are one run
         _fp8_head_rows(k_rot, kc_ptr + ring, ks_ptr + slot * H + hh, ki_ptr + ring, hm, IMAGE, HW_CAST)
         _fp8_head_rows(v, vc_ptr + ring, vs_ptr + slot * H + hh, vi_ptr + ring, hm, IMAGE, HW_CAST)

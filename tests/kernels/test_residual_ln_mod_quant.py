@@ -118,22 +118,3 @@ def test_gpu_57b_rank_shape(config):
     _check(residual_ln_mod_quant(*args, backend="triton", config=config), residual_ln_mod_quant_ref(*args),
            f"757x8192 cuda bf16 {config}")
 
-
-@needs_triton_cpu
-@pytest.mark.parametrize("m,k,config", [(5, 100, None), (37, 70, (4, 0, 4)), (3, 8192, None)])
-def test_late_shift_scale_loads_give_the_same_rows(m, k, config):
-    """Loading shift/scale after the row statistics changes only register pressure, not a single value."""
-    args = _inputs(m, k, seed=m * k)
-    late = residual_ln_mod_quant(*args, backend="triton", config=config, late_loads=True)
-    early = residual_ln_mod_quant(*args, backend="triton", config=config, late_loads=False)
-    for name, a, b in zip(("residual", "codes", "scales"), late, early, strict=True):
-        assert torch.equal(a.float(), b.float()), f"{m}x{k} {config}: late loads changed the {name}"
-    _check(late, residual_ln_mod_quant_ref(*args), f"{m}x{k} late loads")
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("late", [False, True])
-def test_gpu_57b_rank_shape_late_loads(late):
-    args = _inputs(757, 8192, dtype=torch.bfloat16, device="cuda", seed=4)
-    _check(residual_ln_mod_quant(*args, late_loads=late), residual_ln_mod_quant_ref(*args), f"757x8192 late={late}")
