@@ -46,7 +46,7 @@ the engine runs them); per-kernel profiles are torch.profiler CUDA activity over
 
 The GPU runs were made with `bash bench/run_gpu.sh $OUT` (it assembles the `vivant` namespace from symlinks,
 since nothing installs on the GPU machine, then runs the smoke check `bench/gpu_smoke.py`,
-`pytest -m gpu tests/kernels` (all passed, 46 tests, on the final kernels) and the commands below).
+`pytest -m gpu tests/kernels tests/stream/test_decode_gpu.py` (all 44 passed on the final kernels) and the commands below).
 
 ## DiT chunk step, 57b, one tensor-parallel rank (TP = 4, rank 0) on one H200
 
