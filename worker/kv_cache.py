@@ -178,13 +178,17 @@ class KVCache:
         return out.squeeze(0).transpose(0, 1).to(q.dtype)
 
     def _ring_read(self, layer, k, v, st):
-        write_kv(k, v, st.pos, st.slots.to(self.device), self.k[layer], self.v[layer], self.k_scale[layer],
+        slots = st.slots.to(self.device)
+        write_kv(k, v, st.pos, slots, self.k[layer], self.v[layer], self.k_scale[layer],
                  self.v_scale[layer], rope_dims=self.rope_dims, theta=self.rope_theta, backend=self.backend)
+        self.refresh_image(layer, slots)  # keeps an engine's read image current when the model writes the ring
         if st.sink_pos is not None:
             n = st.sink_pos.shape[0]
-            write_kv(k[:n], v[:n], st.sink_pos, self.layout.sink_slots().to(self.device), self.k[layer], self.v[layer],
+            sink_slots = self.layout.sink_slots().to(self.device)
+            write_kv(k[:n], v[:n], st.sink_pos, sink_slots, self.k[layer], self.v[layer],
                      self.k_scale[layer], self.v_scale[layer], rope_dims=self.rope_dims, theta=self.rope_theta,
                      backend=self.backend)
+            self.refresh_image(layer, sink_slots)
         keys = dequantize_rows(self.k[layer], self.k_scale[layer])
         values = dequantize_rows(self.v[layer], self.v_scale[layer])
         return keys, values, st.valid.to(self.device)[None, :]

@@ -85,3 +85,16 @@ def test_read_image_refused_for_a_baseline_cache(setup):
     gen = ChunkGenerator(cfg, mode="baseline", model=VideoDiT(cfg), seed=0)
     with pytest.raises(ValueError, match="read image mirrors the ring"):
         gen.cache.enable_read_image(torch.float32)
+
+
+def test_read_image_follows_ring_writes_by_the_float_model():
+    """A cache whose image an engine enabled stays current when the float model writes the ring (a warm worker
+    could serve one session with either): after chunks with a reset, the image equals the dequantized ring."""
+    cfg = ModelConfig.from_name("tiny")
+    gen = ChunkGenerator(cfg, mode="optimized", model=init_random_(VideoDiT(cfg), seed=4), seed=2)
+    gen.cache.enable_read_image(torch.bfloat16)
+    resets = sum(gen.generate_chunk(_audio(cfg, n), cfg.audio_sample_rate).reset for n in range(14))
+    c = gen.cache
+    assert resets >= 1, "the run needs a position reset"
+    assert torch.equal(c.k_image, (c.k.float() * c.k_scale[..., None]).to(torch.bfloat16)), "key image is stale"
+    assert torch.equal(c.v_image, (c.v.float() * c.v_scale[..., None]).to(torch.bfloat16)), "value image is stale"
