@@ -118,7 +118,9 @@ GEMMs {prof['gemms']:.1f} ms (cuBLASLt at {g['fp8_ceiling_tflops']:.0f} TFLOP/s;
 for 132 SMs, 2.2 waves), attention {prof['attention']:.1f} ms (by its name cuDNN's kernel takes 64-query tiles: 12 × 16 heads = 192
 CTAs, 1.45 waves), the residual kernel {res_k['ms']:.1f} ms ({res_k['ms'] / res_k['calls_per_chunk'] * 1e3:.1f} µs per call in the
 step: {757 * 8192 * 7 / (res_k['ms'] / res_k['calls_per_chunk'] * 1e-3) / 1e12:.1f} TB/s for its 43 MB against ~4.3 TB/s of copy bandwidth), 1,200 memsets per chunk
-issued inside library calls (source not identified), and {d['optimized_ms'] - busy:.1f} ms of idle between graph nodes.
+issued inside library calls (source not identified), and {d['optimized_ms'] - busy:.1f} ms of idle between graph nodes. For the attention's
+wave tail there is a split-KV option (`kernels/split_kv.py`: the slots in parts batched into one cuDNN call, combined by
+log-sum-exp; `--attn-kv-splits 2`), built and tested on CPU after this session's GPU time was spent: **not measured**.
 
 **Numerics on the GPU** (same run: 104 chunks, `t_limit` 40, {n['resets']} position resets):
 - *mode only* — the same FP8 engine with the ring, its image and graphs vs. the baseline cache mode (per-call

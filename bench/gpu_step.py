@@ -239,6 +239,8 @@ def component_times(cfg, tp) -> dict:
         "attn_sdpa_dequant": ms(lambda: ring_attention(q, k8, v8, ks, vs, valid, backend="sdpa", all_valid=True)),
         "attn_image": ms(lambda: ring_attention(q, k8, v8, ks, vs, valid, backend="image", all_valid=True,
                                                 k_image=kimg, v_image=vimg)),
+        "attn_image_kv_splits_2": ms(lambda: ring_attention(q, k8, v8, ks, vs, valid, backend="image", all_valid=True,
+                                                            k_image=kimg, v_image=vimg, kv_splits=2)),
         "image_refresh": ms(lambda: (dequant_slots(k8, ks, slots, kimg), dequant_slots(v8, vs, slots, vimg))),
         "attn_sdpa_bf16": ms(lambda: torch.nn.functional.scaled_dot_product_attention(
             q.transpose(0, 1)[None], kf.transpose(0, 1)[None], kf.transpose(0, 1)[None])),
@@ -281,6 +283,7 @@ def numerics(cfg, model, args) -> dict:
     ncfg = ModelConfig.from_name(args.preset, t_limit=args.numerics_t_limit)
     fast_o = FastDiT(model, attn_backend=args.attn_backend, use_graphs=not args.no_graphs)
     fast_o.fast_accum = args.fast_accum
+    fast_o.attn_kv_splits = args.attn_kv_splits
     fast_b = copy.copy(fast_o)  # shares the FP8 weights; own buffers, no graphs (baseline mode runs eagerly)
     fast_b._graphs, fast_b._static, fast_b._pos_key = {}, None, None
     with torch.no_grad():  # the bf16 baseline then runs on exactly the weights the FP8 path holds
@@ -347,6 +350,7 @@ def run(args) -> int:
         fast.device, fast.w, fast.local_heads = torch.device("cuda"), fast_w, cfg.shard_heads(tp)
         fast._graphs, fast._static, fast.graph_replays, fast.eager_calls = {}, None, 0, 0
     fast.fast_accum = result["fast_accum"] = args.fast_accum
+    fast.attn_kv_splits = result["attn_kv_splits"] = args.attn_kv_splits
     result["weights_gb"] = torch.cuda.memory_allocated() / 1e9
     opt = ChunkGenerator(cfg, mode="optimized", device="cuda", dtype=torch.bfloat16, model=fast, seed=args.seed)
     t_opt, lat_opt = time_chunks(opt, cfg, args.warmup, args.chunks)

@@ -161,6 +161,13 @@ def sweep_attention(cfg) -> dict:
         "image_masked": graph_us(lambda: ring_attention(q, k8, v8, ks, vs, valid, backend="image", all_valid=False,
                                                         k_image=kimg, v_image=vimg)),
     }
+    for splits in (2, 4):
+        o_sp = ring_attention(q, k8, v8, ks, vs, valid, backend="image", all_valid=True, k_image=kimg,
+                              v_image=vimg, kv_splits=splits)
+        res["rel_err"][f"image_kv_splits_{splits}_vs_image"] = rel(o_sp, o_img)
+        res["us"][f"image_kv_splits_{splits}"] = graph_us(
+            lambda splits=splits: ring_attention(q, k8, v8, ks, vs, valid, backend="image", all_valid=True,
+                                                 k_image=kimg, v_image=vimg, kv_splits=splits))
     slots = torch.randperm(S, device=DEV)[:n]
     res["us"]["image_refresh_757_slots_k_and_v"] = graph_us(
         lambda: (dequant_slots(k8, ks, slots, kimg), dequant_slots(v8, vs, slots, vimg)))
@@ -300,13 +307,15 @@ def engine(model, fast_w, cfg, backend):
     return f
 
 
-def time_variant(model, fast_w, cfg, backend, fast_accum, configs, warmup=8, chunks=10, prof=False) -> dict:
+def time_variant(model, fast_w, cfg, backend, fast_accum, configs, warmup=8, chunks=10, prof=False,
+                 kv_splits=1) -> dict:
     saved = dict(fq.DEFAULT_CONFIGS)
     if configs:
         fq.DEFAULT_CONFIGS.update(configs)
     try:
         eng = engine(model, fast_w, cfg, backend)
         eng.fast_accum = fast_accum
+        eng.attn_kv_splits = kv_splits
         gen = ChunkGenerator(cfg, mode="optimized", device=DEV, dtype=torch.bfloat16, model=eng, seed=0)
         ts = []
         for i in range(warmup + chunks):
@@ -317,11 +326,13 @@ def time_variant(model, fast_w, cfg, backend, fast_accum, configs, warmup=8, chu
             torch.cuda.synchronize()
             if i >= warmup:
                 ts.append(a.elapsed_time(b))
-        out = {"backend": backend, "fast_accum": fast_accum, "configs": configs, "median_ms": float(np.median(ts)),
+        out = {"backend": backend, "fast_accum": fast_accum, "kv_splits": kv_splits, "configs": configs,
+               "median_ms": float(np.median(ts)),
                "ms": [round(t, 2) for t in ts], "graph_replays": eng.graph_replays}
         if prof:
             out["profile"] = profile_chunks(gen, cfg, warmup + chunks)
-        print(f"  step backend={backend:<6} fast_accum={fast_accum!s:<5} configs={'tuned' if configs else 'default'}"
+        print(f"  step backend={backend:<6} fast_accum={fast_accum!s:<5} kv_splits={kv_splits} "
+              f"configs={'tuned' if configs else 'default'}"
               f" → {out['median_ms']:.1f} ms/chunk")
         if prof:
             print("   ", {k: round(v, 2) for k, v in out["profile"]["ms_per_chunk_by_category"].items()})
@@ -418,6 +429,8 @@ def main() -> None:
                 out["sdpa"] = time_variant(model, fast_w, cfg, "sdpa", False, {}, prof=True)
             out["image"] = time_variant(model, fast_w, cfg, "image", False, best, prof=True)
             out["image_fast_accum"] = time_variant(model, fast_w, cfg, "image", True, best, prof=True)
+            out["image_fast_accum_kv_splits_2"] = time_variant(model, fast_w, cfg, "image", True, best, prof=True,
+                                                               kv_splits=2)
             return out
         section("step", step, res)
         save()

@@ -38,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="GPU: ring attention backend (auto: the fastest, measured in the run)")
     p.add_argument("--init", default="scaled", choices=["unit", "scaled"],
                    help="GPU: random init of the 57b shard (scaled: residual-writing projections / sqrt(2·layers))")
+    p.add_argument("--attn-kv-splits", type=int, default=1,
+                   help="GPU, image attention: slots in this many parts batched into one SDPA call (kernels/split_kv.py)")
     p.add_argument("--fast-accum", action="store_true", help="GPU: cuBLASLt FP8 fast accumulation in the GEMMs")
     p.add_argument("--no-graphs", action="store_true", help="GPU: run passes eagerly (no CUDA graphs)")
     p.add_argument("--numerics-chunks", type=int, default=0, help="GPU: also compare modes over this many chunks")

@@ -19,11 +19,13 @@ FLOPs per call 4·N·S·D·H; bytes ≈ S·H·D·2 (FP8 K+V) + N·H·D·4 (q, ou
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
 import torch.nn.functional as F
 from vivant.kernels.backend import use_triton
+from vivant.kernels.split_kv import split_kv_sdpa
 
 try:
     import triton
@@ -32,6 +34,8 @@ except ImportError:  # pragma: no cover
     triton = None
 
 BACKENDS = ("auto", "triton", "sdpa", "image", "torch")
+log = logging.getLogger(__name__)
+_logged_split: set[str] = set()
 
 
 def ring_attention_ref(q, k, v, k_scale, v_scale, valid, sm_scale: float | None = None) -> torch.Tensor:
@@ -194,10 +198,12 @@ def _pick_config(key, args) -> tuple[int, int, int, int, int]:
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,
                    valid: torch.Tensor, *, sm_scale: float | None = None, backend: str = "auto",
                    all_valid: bool | None = None, k_image: torch.Tensor | None = None,
-                   v_image: torch.Tensor | None = None) -> torch.Tensor:
+                   v_image: torch.Tensor | None = None, kv_splits: int = 1) -> torch.Tensor:
     """Block-causal attention of the chunk's queries over the ring. `all_valid` (host-side knowledge that
     every slot is attendable) lets the sdpa/image backends drop the mask and take their fastest kernel.
-    `k_image`/`v_image`: the ring's read image, needed by (and only by) backend="image"."""
+    `k_image`/`v_image`: the ring's read image, needed by (and only by) backend="image". `kv_splits` > 1 (image
+    backend, every slot valid, S divisible by it): the slots in that many parts batched into one SDPA call and
+    combined by log-sum-exp (vivant.kernels.split_kv); otherwise one call, and the reason is logged once."""
     if backend not in BACKENDS:
         raise ValueError(f"ring_attention: backend must be one of {BACKENDS}, got {backend!r}")
     N, H, D = q.shape
@@ -217,6 +223,16 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale: t
             if t.shape != k.shape or t.dtype != q.dtype:
                 raise ValueError(f"ring_attention: {name} must be {q.dtype} {tuple(k.shape)} (the ring's shape in "
                                  f"q's dtype), got {t.dtype} {tuple(t.shape)}")
+        if isinstance(kv_splits, bool) or not isinstance(kv_splits, int) or kv_splits < 1:
+            raise ValueError(f"ring_attention: kv_splits must be an int >= 1, got {kv_splits!r}")
+        if kv_splits > 1:
+            why = ("not every slot is valid (a mask needs the single call)" if not all_valid else
+                   f"{kv_splits} does not divide the {k.shape[0]} slots" if k.shape[0] % kv_splits else None)
+            if why is None:
+                return split_kv_sdpa(q, k_image, v_image, kv_splits, sm_scale)
+            if why not in _logged_split:
+                _logged_split.add(why)
+                log.info("ring_attention: kv_splits=%d not taken: %s", kv_splits, why)
         return _sdpa_dense(q, k_image, v_image, valid, sm_scale, all_valid)
     if not use_triton("ring_attention", "triton" if backend == "triton" else "auto", q.device):
         return ring_attention_ref(q, k, v, k_scale, v_scale, valid, sm_scale).to(q.dtype)

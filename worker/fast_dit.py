@@ -61,6 +61,7 @@ class FastDiT:
     row_parallel = staticmethod(unfused_fp8_row_parallel)
     row_parallel_path = "gemm_then_all_reduce"
     fast_accum = False  # cuBLASLt FP8 fast accumulation in all four GEMMs (kernels/fp8_gemm.py); set before capture
+    attn_kv_splits = 1  # image backend: slots in this many parts per SDPA call (kernels/split_kv.py); before capture
 
     def __init__(self, model: VideoDiT, *, attn_backend: str = "triton", use_graphs: bool = True,
                  drop_bf16: bool = False):
@@ -137,7 +138,8 @@ class FastDiT:
                 cache.refresh_image(i, slots)  # no-op without an image
         img = images if self.attn_backend == "image" else (None, None)
         att = ring_attention(q_rot, cache.k[i], cache.v[i], cache.k_scale[i], cache.v_scale[i], s["valid"],
-                             backend=self.attn_backend, all_valid=all_valid, k_image=img[0], v_image=img[1])
+                             backend=self.attn_backend, all_valid=all_valid, k_image=img[0], v_image=img[1],
+                             kv_splits=self.attn_kv_splits)
         return att.reshape(n, h * d)
 
     def _pass(self, s: dict[str, torch.Tensor], cache: KVCache, sink_pos: torch.Tensor | None, all_valid: bool):
