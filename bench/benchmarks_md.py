@@ -24,6 +24,7 @@ tp2 = load("tp2_57b_shapes_h200x2_2026-11-29.json")
 tune1 = load("tune_57b_tp4_rank0_h200_2026-11-29_first.json")
 tune2 = load("tune_57b_tp4_rank0_h200_2026-11-29_second.json")
 tune3 = load("tune_57b_tp4_rank0_h200_2026-11-29_third.json")
+t3s = tune3["step"]
 t2a, t2b = tp2["ranks"]
 c, g, bb, n = d["components_ms_per_call"], d["gemm_ceiling"], d["baseline_breakdown_ms"], d["numerics"]
 prof = d["optimized_profile"]["ms_per_chunk_by_category"]
@@ -93,6 +94,10 @@ class 1.5–4% slower (GEMMs {post['optimized_profile']['ms_per_chunk_by_categor
 | one QKV→ring kernel + read image + HW e4m3 cast + fast accumulation | {pre_mod['optimized_ms']:.1f} | `kernels/qkv_ring.py` replaces q/k-norm + RoPE, ring write and image refresh (3 kernels, 79 µs → 1 kernel, 7 µs); attention reads a bf16 image of the ring kept current at write time (`kernels/ring_image.py`) |
 | + modulation computed once per noise level | {pre_sync['optimized_ms']:.1f} | the d×6d modulation projection (805 MB bf16) was re-read every pass |
 | + position key read on the host | **{d['optimized_ms']:.1f}** | the host no longer waits for each pass before launching the next |
+
+The last three rows were measured on three different leases, so each step mixes the change with the lease: the
+profile attributes ~1.3 ms per chunk to the modulation GEMVs that step removed; fast accumulation was measured on
+one lease against its absence ({t3s['image']['median_ms']:.1f} → {t3s['image_fast_accum']['median_ms']:.1f} ms, `tune_…_third.json`).
 
 Per call, inside CUDA graphs, same run: FP8 `_scaled_mm` rowwise (exact accumulation) QKV {g['qkv']['fp8_ms']*1e3:.0f} µs,
 O {g['o']['fp8_ms']*1e3:.0f} µs, gate+up {g['gate_up']['fp8_ms']*1e3:.0f} µs, down {g['down']['fp8_ms']*1e3:.0f} µs = {g['fp8_ms_per_layer_pass']:.3f} ms per layer-pass
