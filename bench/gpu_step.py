@@ -139,10 +139,8 @@ def categorize(name: str) -> str:
         return "gemms"
     if any(t in low for t in ("fmha", "flash", "sdpa", "attention", "_ring_attn", "cudnn")):
         return "attention"
-    if "_dequant_kernel" in low:
-        return "dequant_whole_ring"
-    if "_dequant_slots" in low:
-        return "image_refresh"
+    if "_dequant" in low:  # the sdpa backend's whole-ring dequantization, or an image refresh outside qkv_ring
+        return "dequant"
     if any(t in low for t in ("_ln_mod", "_residual_ln", "_swiglu", "_quant_rows", "_qk_norm", "_write_kv", "_qkv_ring")):
         return "fused_kernels"
     return "other"
@@ -270,7 +268,7 @@ def time_chunks(gen: ChunkGenerator, cfg, warmup: int, chunks: int):
     return times, lat
 
 
-def numerics(cfg, model, args) -> dict:
+def numerics(cfg, model, args, fp8_weights) -> dict:
     """Optimized vs baseline over many chunks with position resets (t_limit lowered to force them).
 
     mode_only: the same FP8 engine (same FP8 weights, same FP8 activations) with the ring cache + graphs vs the
@@ -278,14 +276,14 @@ def numerics(cfg, model, args) -> dict:
     vs_bf16_gemms: the optimized engine vs the bf16 baseline model running on the FP8-dequantized weights —
       adds the FP8 activation quantization of the GEMMs.
     """
-    import copy
 
     ncfg = ModelConfig.from_name(args.preset, t_limit=args.numerics_t_limit)
-    fast_o = FastDiT(model, attn_backend=args.attn_backend, use_graphs=not args.no_graphs)
+    fast_o = FastDiT(model, attn_backend=args.attn_backend, use_graphs=not args.no_graphs, fp8_weights=fp8_weights)
     fast_o.fast_accum = args.fast_accum
     fast_o.attn_kv_splits = args.attn_kv_splits
-    fast_b = copy.copy(fast_o)  # shares the FP8 weights; own buffers, no graphs (baseline mode runs eagerly)
-    fast_b._graphs, fast_b._static, fast_b._pos_key = {}, None, None
+    # the same FP8 weights, its own buffers; the baseline cache mode runs eagerly
+    fast_b = FastDiT(model, attn_backend=args.attn_backend, use_graphs=False, fp8_weights=fast_o.w)
+    fast_b.fast_accum, fast_b.attn_kv_splits = fast_o.fast_accum, fast_o.attn_kv_splits
     with torch.no_grad():  # the bf16 baseline then runs on exactly the weights the FP8 path holds
         for blk, packed in zip(model.blocks, fast_o.w, strict=True):
             for lin, (w8, sw) in zip((blk.attn.qkv, blk.attn.o, blk.mlp.gate_up, blk.mlp.down), packed, strict=True):
@@ -342,13 +340,8 @@ def run(args) -> int:
     keep_bf16 = tp > 1
     model, fast_w = build_rank(cfg, tp, rank, keep_bf16=keep_bf16, seed=args.seed, init=args.init)
     result["init"] = args.init
-    fast = FastDiT.__new__(FastDiT)
-    if keep_bf16:
-        fast.__init__(model, attn_backend=args.attn_backend, use_graphs=not args.no_graphs)
-    else:
-        fast.m, fast.cfg, fast.attn_backend, fast.use_graphs = model, cfg, args.attn_backend, not args.no_graphs
-        fast.device, fast.w, fast.local_heads = torch.device("cuda"), fast_w, cfg.shard_heads(tp)
-        fast._graphs, fast._static, fast.graph_replays, fast.eager_calls = {}, None, 0, 0
+    fast = FastDiT(model, attn_backend=args.attn_backend, use_graphs=not args.no_graphs,
+                   fp8_weights=None if keep_bf16 else fast_w)
     fast.fast_accum = result["fast_accum"] = args.fast_accum
     fast.attn_kv_splits = result["attn_kv_splits"] = args.attn_kv_splits
     result["weights_gb"] = torch.cuda.memory_allocated() / 1e9
@@ -394,7 +387,7 @@ def run(args) -> int:
         result["rel_rms_per_chunk"] = [round(e, 6) for e in errs]
         result["max_rel_rms"] = max(errs)
         if args.numerics_chunks:
-            result["numerics"] = numerics(cfg, model, args)
+            result["numerics"] = numerics(cfg, model, args, fast.w)  # the timed engine's FP8 weights
     text = json.dumps(result, indent=2)
     if args.out:
         with open(args.out, "w") as f:

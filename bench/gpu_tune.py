@@ -299,12 +299,8 @@ def sweep_gemms(cfg) -> dict:
 
 
 # ---- 2. the whole step --------------------------------------------------------------------------------------
-def engine(model, fast_w, cfg, backend):
-    f = FastDiT.__new__(FastDiT)
-    f.m, f.cfg, f.attn_backend, f.use_graphs = model, cfg, backend, True
-    f.device, f.w, f.local_heads = torch.device(DEV), fast_w, cfg.shard_heads(4)
-    f._graphs, f._static, f.graph_replays, f.eager_calls = {}, None, 0, 0
-    return f
+def engine(model, fast_w, backend):
+    return FastDiT(model, attn_backend=backend, use_graphs=True, fp8_weights=fast_w)
 
 
 def time_variant(model, fast_w, cfg, backend, fast_accum, configs, warmup=8, chunks=10, prof=False,
@@ -313,7 +309,7 @@ def time_variant(model, fast_w, cfg, backend, fast_accum, configs, warmup=8, chu
     if configs:
         fq.DEFAULT_CONFIGS.update(configs)
     try:
-        eng = engine(model, fast_w, cfg, backend)
+        eng = engine(model, fast_w, backend)
         eng.fast_accum = fast_accum
         eng.attn_kv_splits = kv_splits
         gen = ChunkGenerator(cfg, mode="optimized", device=DEV, dtype=torch.bfloat16, model=eng, seed=0)
@@ -346,15 +342,13 @@ def time_variant(model, fast_w, cfg, backend, fast_accum, configs, warmup=8, chu
 
 # ---- 3. numerics probes -----------------------------------------------------------------------------------
 def numerics_probe(init: str, chunks: int, backend: str) -> dict:
-    import copy
 
     cfg = ModelConfig.from_name("57b", t_limit=12)
     model, fast_w = build_rank(cfg, 4, 0, keep_bf16=False, init=init)
-    fo = engine(model, fast_w, cfg, backend)
-    fb = copy.copy(fo)
-    fb._graphs, fb._static, fb._pos_key = {}, None, None
-    fp = engine(model, fast_w, cfg, backend)
-    fa = engine(model, fast_w, cfg, backend)
+    fo = engine(model, fast_w, backend)
+    fb = FastDiT(model, attn_backend=backend, use_graphs=False, fp8_weights=fast_w)  # baseline mode: eager
+    fp = engine(model, fast_w, backend)
+    fa = engine(model, fast_w, backend)
     kw = dict(device=DEV, dtype=torch.bfloat16, seed=7)
     g_o = ChunkGenerator(cfg, mode="optimized", model=fo, **kw)
     g_b = ChunkGenerator(cfg, mode="baseline", model=fb, **kw)

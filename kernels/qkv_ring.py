@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 from vivant.kernels.backend import use_triton
+from vivant.kernels.cache_write import check_cache, check_slots
 from vivant.kernels.fp8 import FP8_DTYPE, quantize_rows_ref
 
 try:
@@ -127,33 +128,21 @@ def _check(qkv, q_weight, k_weight, cos, sin, slots, k_cache, v_cache, k_scale, 
                          f"{tuple(qkv.shape)} strides {tuple(qkv.stride())}")
     if cos.shape != (n, d // 2) or sin.shape != (n, d // 2):
         raise ValueError(f"qkv_ring_write: cos/sin must be [{n}, {d // 2}], got {tuple(cos.shape)}/{tuple(sin.shape)}")
-    if slots.shape != (n,) or slots.dtype != torch.int64:
-        raise ValueError(f"qkv_ring_write: slots must be int64 [{n}], got {slots.dtype} {tuple(slots.shape)}")
-    if k_cache.dim() != 3 or k_cache.shape[1:] != (heads, d) or v_cache.shape != k_cache.shape:
-        raise ValueError(f"qkv_ring_write: k_cache/v_cache must be [S, {heads}, {d}], got {tuple(k_cache.shape)}/"
-                         f"{tuple(v_cache.shape)}")
     if k_cache.dtype != FP8_DTYPE or v_cache.dtype != FP8_DTYPE:
         raise TypeError(f"qkv_ring_write: the ring must be {FP8_DTYPE}, got {k_cache.dtype}/{v_cache.dtype}")
-    for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if sc.shape != k_cache.shape[:2] or sc.dtype != torch.float32:
-            raise ValueError(f"qkv_ring_write: {name} must be float32 {tuple(k_cache.shape[:2])}, got {sc.dtype} "
-                             f"{tuple(sc.shape)}")
+    check_cache(k_cache, v_cache, k_scale, v_scale)  # shapes, dtypes, devices of the ring (as write_kv checks)
+    if k_cache.shape[1:] != (heads, d):
+        raise ValueError(f"qkv_ring_write: k_cache must be [S, {heads}, {d}], got {tuple(k_cache.shape)}")
     if (k_image is None) != (v_image is None):
         raise ValueError("qkv_ring_write: pass both k_image and v_image, or neither")
     for name, img in (("k_image", k_image), ("v_image", v_image)):
         if img is not None and (img.shape != k_cache.shape or img.dtype != torch.bfloat16 or not img.is_contiguous()):
             raise ValueError(f"qkv_ring_write: {name} must be contiguous bf16 {tuple(k_cache.shape)}, got {img.dtype} "
                              f"{tuple(img.shape)}")
-    tensors = [cos, sin, slots, k_cache, v_cache, k_scale, v_scale, q_weight, k_weight]
-    tensors += [t for t in (k_image, v_image) if t is not None]
+    tensors = [cos, sin, k_cache, q_weight, k_weight] + [t for t in (k_image, v_image) if t is not None]
     if any(t.device != qkv.device for t in tensors):
         raise ValueError(f"qkv_ring_write: every tensor must be on qkv's device {qkv.device}")
-    if slots.device.type == "cpu" and n:
-        lo, hi = int(slots.min()), int(slots.max())
-        if lo < 0 or hi >= k_cache.shape[0]:
-            raise ValueError(f"qkv_ring_write: slots must lie in [0, S={k_cache.shape[0]}), got values in [{lo}, {hi}]")
-        if torch.unique(slots).numel() != n:
-            raise ValueError("qkv_ring_write: slots must be distinct (two tokens would race for one ring slot)")
+    check_slots(slots, n, k_cache.shape[0], k_cache.device)  # dtype, shape; range and distinctness on CPU
 
 
 def qkv_ring_write(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor,

@@ -25,6 +25,7 @@ import math
 import torch
 import torch.nn.functional as F
 from vivant.kernels.backend import use_triton
+from vivant.kernels.ring_image import dequant_all
 from vivant.kernels.split_kv import split_kv_sdpa
 
 try:
@@ -50,17 +51,12 @@ def ring_attention_ref(q, k, v, k_scale, v_scale, valid, sm_scale: float | None 
 
 
 def _dequant_pair(k, v, k_scale, v_scale, dt):
-    """K and V rows × their scales → dt, one launch for both on CUDA (reads S·H·D·2 bytes, writes 2× that)."""
-    if not (k.is_cuda and triton is not None and k.is_contiguous() and v.is_contiguous()
-            and k_scale.is_contiguous() and v_scale.is_contiguous()):
-        # float32 product, one rounding to dt: the same values as the kernel below and the read image
-        return ((k.float() * k_scale.float()[..., None]).to(dt), (v.float() * v_scale.float()[..., None]).to(dt))
-    S, H, D = k.shape
+    """K and V rows × their scales → dt, the whole ring (reads S·H·D·2 bytes, writes 2× that): the same values as
+    the read image (vivant.kernels.ring_image), computed per call."""
     kd = torch.empty(k.shape, dtype=dt, device=k.device)
     vd = torch.empty(v.shape, dtype=dt, device=v.device)
-    rows = S * H
     for src, sc, dst in ((k, k_scale, kd), (v, v_scale, vd)):
-        _dequant_kernel[(triton.cdiv(rows, 32),)](src, sc, dst, rows, D=D, ROWS=32, num_warps=4)
+        dequant_all(src.contiguous(), sc.contiguous(), dst)
     return kd, vd
 
 
@@ -77,15 +73,6 @@ def _sdpa_dense(q, kd, vd, valid, sm_scale=None, all_valid: bool | None = None):
 
 
 if triton is not None:
-
-    @triton.jit
-    def _dequant_kernel(src, sc, dst, rows, D: tl.constexpr, ROWS: tl.constexpr):
-        r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-        d = tl.arange(0, D)
-        m = r < rows
-        x = tl.load(src + r[:, None] * D + d[None, :], mask=m[:, None], other=0.0).to(tl.float32)
-        s = tl.load(sc + r, mask=m, other=0.0)
-        tl.store(dst + r[:, None] * D + d[None, :], (x * s[:, None]).to(dst.dtype.element_ty), mask=m[:, None])
 
     @triton.jit
     def _ring_attn_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, valid_ptr, o_ptr, m_ptr, l_ptr, N, S, S_SPLIT, qk_scale,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 from vivant.kernels.backend import use_triton
+from vivant.kernels.cache_write import check_slots
 
 try:
     import triton
@@ -40,12 +41,16 @@ if triton is not None:
 
     @triton.jit
     def _dequant_slots_kernel(src, sc, slots, dst, n, HD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-                              ROUND_BF16: tl.constexpr):
-        # one program per (token, block of the token's H·D elements): a slot's H·D values are contiguous
+                              ROUND_BF16: tl.constexpr, ALL: tl.constexpr):
+        # one program per (slot, block of the slot's H·D elements): a slot's H·D values are contiguous.
+        # ALL: every slot in order (program i is slot i; `slots` is not read)
         i = tl.program_id(0)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = offs < HD
-        slot = tl.load(slots + i)
+        if ALL:
+            slot = i.to(tl.int64)
+        else:
+            slot = tl.load(slots + i)
         x = tl.load(src + slot * HD + offs, mask=m, other=0.0).to(tl.float32)
         s = tl.load(sc + slot * (HD // D) + offs // D, mask=m, other=0.0)
         y = x * s
@@ -54,41 +59,52 @@ if triton is not None:
         tl.store(dst + slot * HD + offs, y.to(dst.dtype.element_ty), mask=m)
 
 
-def _check(src, scale, slots, dst) -> None:
+def _check(src, scale, dst, name: str) -> None:
     if src.dim() != 3:
-        raise ValueError(f"dequant_slots: src must be [S, H, D], got shape {tuple(src.shape)}")
+        raise ValueError(f"{name}: src must be [S, H, D], got shape {tuple(src.shape)}")
     if dst.shape != src.shape:
-        raise ValueError(f"dequant_slots: dst must have src's shape {tuple(src.shape)}, got {tuple(dst.shape)}")
+        raise ValueError(f"{name}: dst must have src's shape {tuple(src.shape)}, got {tuple(dst.shape)}")
     if dst.dtype not in IMAGE_DTYPES:
-        raise TypeError(f"dequant_slots: dst dtype must be one of {IMAGE_DTYPES}, got {dst.dtype}")
+        raise TypeError(f"{name}: dst dtype must be one of {IMAGE_DTYPES}, got {dst.dtype}")
     if scale.shape != src.shape[:2] or scale.dtype != torch.float32:
-        raise ValueError(f"dequant_slots: scale must be float32 [S, H] = {tuple(src.shape[:2])}, got "
+        raise ValueError(f"{name}: scale must be float32 [S, H] = {tuple(src.shape[:2])}, got "
                          f"{scale.dtype} {tuple(scale.shape)}")
-    if slots.dim() != 1 or slots.dtype != torch.int64:
-        raise ValueError(f"dequant_slots: slots must be a 1-D int64 tensor, got {slots.dtype} {tuple(slots.shape)}")
-    for name, t in (("scale", scale), ("slots", slots), ("dst", dst)):
+    for what, t in (("scale", scale), ("dst", dst)):
         if t.device != src.device:
-            raise ValueError(f"dequant_slots: {name} is on {t.device} but src is on {src.device}")
+            raise ValueError(f"{name}: {what} is on {t.device} but src is on {src.device}")
     if not (src.is_contiguous() and dst.is_contiguous() and scale.is_contiguous()):
-        raise ValueError("dequant_slots: src, scale and dst must be contiguous")
-    if slots.device.type == "cpu" and slots.numel():
-        lo, hi = int(slots.min()), int(slots.max())
-        if lo < 0 or hi >= src.shape[0]:
-            raise ValueError(f"dequant_slots: slots must lie in [0, S={src.shape[0]}), got values in [{lo}, {hi}]")
+        raise ValueError(f"{name}: src, scale and dst must be contiguous")
+
+
+def _launch(src, scale, slots, dst, n: int) -> None:
+    _, H, D = src.shape
+    hd = H * D
+    block = min(triton.next_power_of_2(hd), 2048)
+    _dequant_slots_kernel[(n, triton.cdiv(hd, block))](src, scale, slots if slots is not None else src, dst, n, HD=hd,
+                                                       D=D, BLOCK=block, ROUND_BF16=dst.dtype == torch.bfloat16,
+                                                       ALL=slots is None, num_warps=4)
 
 
 def dequant_slots(src: torch.Tensor, scale: torch.Tensor, slots: torch.Tensor, dst: torch.Tensor, *,
                   backend: str = "auto") -> None:
     """dst[slots] = dequantized src[slots] (in place). backend: "auto" | "triton" | "torch"."""
-    _check(src, scale, slots, dst)
+    _check(src, scale, dst, "dequant_slots")
+    if slots.dim() != 1:
+        raise ValueError(f"dequant_slots: slots must be a 1-D int64 tensor, got shape {tuple(slots.shape)}")
+    check_slots(slots, slots.shape[0], src.shape[0], src.device)  # dtype, device; range and distinctness on CPU
     if not slots.numel():
         return
     if not use_triton("dequant_slots", backend, src.device):
         dequant_slots_ref(src, scale, slots, dst)
         return
-    _, H, D = src.shape
-    hd = H * D
-    block = min(triton.next_power_of_2(hd), 2048)
-    _dequant_slots_kernel[(slots.numel(), triton.cdiv(hd, block))](src, scale, slots, dst, slots.numel(), HD=hd, D=D,
-                                                                  BLOCK=block, ROUND_BF16=dst.dtype == torch.bfloat16,
-                                                                  num_warps=4)
+    _launch(src, scale, slots, dst, slots.numel())
+
+
+def dequant_all(src: torch.Tensor, scale: torch.Tensor, dst: torch.Tensor, *, backend: str = "auto") -> None:
+    """dst = dequantized src, every slot (in place): the image's first fill, and the "sdpa" attention backend's
+    per-call whole-ring dequantization. Same expression and rounding as dequant_slots."""
+    _check(src, scale, dst, "dequant_all")
+    if not use_triton("dequant_all", backend, src.device):
+        dst.copy_((src.float() * scale.float()[..., None]).to(dst.dtype))
+        return
+    _launch(src, scale, None, dst, src.shape[0])

@@ -40,7 +40,6 @@ import logging
 
 import torch
 import torch.nn.functional as F
-from vivant.kernels.cache_write import write_kv
 from vivant.kernels.fp8_gemm import fp8_linear, quantize_weight
 from vivant.kernels.fused_quant import ln_mod_quant, quant_rows, residual_ln_mod_quant, swiglu_quant
 from vivant.kernels.qk_norm_rope import qk_norm_rope
@@ -56,43 +55,43 @@ log = logging.getLogger(__name__)
 
 
 class FastDiT:
-    # class-level defaults: the unfused step until `set_row_parallel_path` swaps it (an engine assembled
-    # attribute by attribute, as bench/gpu_step.py does for its FP8-only ranks, gets them too)
+    # the unfused step until `set_row_parallel_path` swaps it
     row_parallel = staticmethod(unfused_fp8_row_parallel)
     row_parallel_path = "gemm_then_all_reduce"
     fast_accum = False  # cuBLASLt FP8 fast accumulation in all four GEMMs (kernels/fp8_gemm.py); set before capture
     attn_kv_splits = 1  # image backend: slots in this many parts per SDPA call (kernels/split_kv.py); before capture
 
     def __init__(self, model: VideoDiT, *, attn_backend: str = "triton", use_graphs: bool = True,
-                 drop_bf16: bool = False):
+                 drop_bf16: bool = False,
+                 fp8_weights: list[list[tuple[torch.Tensor, torch.Tensor]]] | None = None):
+        """fp8_weights: per block [(w8, scale)] for qkv, o, gate_up, down, already quantized (a rank built
+        block by block without keeping bf16 copies, bench/gpu_step.py); None quantizes the model's weights."""
         if not next(model.parameters()).is_cuda and use_graphs:
             raise RuntimeError("FastDiT: CUDA graphs need the model on a CUDA device (use_graphs=False on CPU)")
         self.m, self.cfg = model, model.cfg
         self.attn_backend, self.use_graphs = attn_backend, use_graphs
         self.device = next(model.parameters()).device
-        self.local_heads = model.blocks[0].attn.local_heads
-        self._mod_tables = torch.stack([blk.mod_table.detach() for blk in model.blocks])  # [L, 6, d]
-        self.w = []
-        for blk in model.blocks:
-            packed = []
-            for lin in (blk.attn.qkv, blk.attn.o, blk.mlp.gate_up, blk.mlp.down):
-                packed.append(quantize_weight(lin.weight.data))
-                if drop_bf16:
-                    lin.weight = torch.nn.Parameter(torch.empty(0, device=self.device), requires_grad=False)
-            self.w.append(packed)
+        self.mod_tables = torch.stack([blk.mod_table.detach() for blk in model.blocks])  # [L, 6, d]
+        if fp8_weights is not None:
+            if len(fp8_weights) != len(model.blocks) or any(len(b) != 4 for b in fp8_weights):
+                raise ValueError(f"FastDiT: fp8_weights must hold 4 (weight, scale) pairs for each of the "
+                                 f"{len(model.blocks)} blocks")
+            self.w = fp8_weights
+        else:
+            self.w = []
+            for blk in model.blocks:
+                packed = []
+                for lin in (blk.attn.qkv, blk.attn.o, blk.mlp.gate_up, blk.mlp.down):
+                    packed.append(quantize_weight(lin.weight.data))
+                    if drop_bf16:
+                        lin.weight = torch.nn.Parameter(torch.empty(0, device=self.device), requires_grad=False)
+                self.w.append(packed)
+        self.local_heads = self.w[0][0][0].shape[0] // (3 * self.cfg.head_dim)  # from the (FP8) QKV rows
         self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._static: dict[str, torch.Tensor] | None = None
+        self._mod_cache: dict[float, tuple[torch.Tensor, torch.Tensor]] = {}
         self.graph_replays = 0
         self.eager_calls = 0
-
-    @property
-    def mod_tables(self) -> torch.Tensor:
-        """Every block's modulation table stacked, [L, 6, d_model]; built on first use when the engine was
-        assembled attribute by attribute (bench/gpu_step.py) rather than by __init__."""
-        tables = self.__dict__.get("_mod_tables")
-        if tables is None:
-            tables = self._mod_tables = torch.stack([blk.mod_table.detach() for blk in self.m.blocks])
-        return tables
 
     # ---- the row-parallel step (between chunks only) ---------------------------------------------------
     def set_row_parallel_path(self, *, fused: bool, method: str | FusedMethod = FusedMethod.AUTO,
@@ -131,11 +130,7 @@ class FastDiT:
         else:  # chunk 0 (eager) also writes the sink at its own positions: the unfused kernels
             q_rot, k = qk_norm_rope(qkv, blk.attn.q_norm.weight, blk.attn.k_norm.weight, s["cos"], s["sin"], h,
                                     eps=cfg.norm_eps)
-            for rows, pos, slots in ((slice(None), s["pos"], s["slots"]), (slice(0, sink_pos.shape[0]), sink_pos,
-                                                                          s["sink_slots"])):
-                write_kv(k[rows], v[rows], pos, slots, cache.k[i], cache.v[i], cache.k_scale[i], cache.v_scale[i],
-                         rope_dims=cfg.rope_dims, theta=cfg.rope_theta)
-                cache.refresh_image(i, slots)  # no-op without an image
+            cache.write_chunk(i, k, v, s["pos"], s["slots"], sink_pos, s["sink_slots"])
         img = images if self.attn_backend == "image" else (None, None)
         att = ring_attention(q_rot, cache.k[i], cache.v[i], cache.k_scale[i], cache.v_scale[i], s["valid"],
                              backend=self.attn_backend, all_valid=all_valid, k_image=img[0], v_image=img[1],
@@ -177,7 +172,7 @@ class FastDiT:
         schedule has `passes` levels, so each is computed once, eagerly, and reused by every chunk instead of
         re-reading the d×6d projection (805 MB in bf16 at 57b) in every pass. The engine's weights are fixed
         at construction; a new checkpoint means a new engine."""
-        cache = self.__dict__.setdefault("_mod_cache", {})
+        cache = self._mod_cache
         hit = cache.get(sigma)
         if hit is None:
             m, cfg = self.m, self.cfg

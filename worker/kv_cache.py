@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from vivant.kernels.cache_write import write_kv
 from vivant.kernels.delta_rotate import delta_rotate
 from vivant.kernels.fp8 import dequantize_rows, quantize_rows_ref
-from vivant.kernels.ring_image import dequant_slots
+from vivant.kernels.ring_image import dequant_all, dequant_slots
 from vivant.kernels.rope import apply_rope_ref
 
 from .positions import RingLayout
@@ -95,9 +95,9 @@ class KVCache:
         if self.k_image is None:
             self.k_image = torch.empty(self.k.shape, dtype=dtype, device=self.device)
             self.v_image = torch.empty(self.v.shape, dtype=dtype, device=self.device)
-            every = torch.arange(self.layout.slots, device=self.device)
             for layer in range(self.layers):
-                self.refresh_image(layer, every)
+                dequant_all(self.k[layer], self.k_scale[layer], self.k_image[layer], backend=self.backend)
+                dequant_all(self.v[layer], self.v_scale[layer], self.v_image[layer], backend=self.backend)
         elif self.k_image.dtype != dtype:
             raise ValueError(f"KVCache: the read image is {self.k_image.dtype}, asked for {dtype}")
         return self.k_image, self.v_image
@@ -177,18 +177,24 @@ class KVCache:
         )
         return out.squeeze(0).transpose(0, 1).to(q.dtype)
 
-    def _ring_read(self, layer, k, v, st):
-        slots = st.slots.to(self.device)
-        write_kv(k, v, st.pos, slots, self.k[layer], self.v[layer], self.k_scale[layer],
-                 self.v_scale[layer], rope_dims=self.rope_dims, theta=self.rope_theta, backend=self.backend)
-        self.refresh_image(layer, slots)  # keeps an engine's read image current when the model writes the ring
-        if st.sink_pos is not None:
-            n = st.sink_pos.shape[0]
-            sink_slots = self.layout.sink_slots().to(self.device)
-            write_kv(k[:n], v[:n], st.sink_pos, sink_slots, self.k[layer], self.v[layer],
-                     self.k_scale[layer], self.v_scale[layer], rope_dims=self.rope_dims, theta=self.rope_theta,
-                     backend=self.backend)
+    def write_chunk(self, layer: int, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
+                    sink_pos: torch.Tensor | None = None, sink_slots: torch.Tensor | None = None) -> None:
+        """Write a chunk's K (normalized, not rotated) and V [N, H, D] into the ring at `slots` (RoPE at `pos`,
+        FP8), plus, while chunk 0 runs, its first tokens into the sink slots at `sink_pos`; the read image, when
+        enabled, follows. The GPU engine's graph-captured passes use the fused kernels/qkv_ring.py instead."""
+        write_kv(k, v, pos, slots, self.k[layer], self.v[layer], self.k_scale[layer], self.v_scale[layer],
+                 rope_dims=self.rope_dims, theta=self.rope_theta, backend=self.backend)
+        self.refresh_image(layer, slots)
+        if sink_pos is not None:
+            n = sink_pos.shape[0]
+            if sink_slots is None:
+                sink_slots = self.layout.sink_slots().to(self.device)
+            write_kv(k[:n], v[:n], sink_pos, sink_slots, self.k[layer], self.v[layer], self.k_scale[layer],
+                     self.v_scale[layer], rope_dims=self.rope_dims, theta=self.rope_theta, backend=self.backend)
             self.refresh_image(layer, sink_slots)
+
+    def _ring_read(self, layer, k, v, st):
+        self.write_chunk(layer, k, v, st.pos, st.slots.to(self.device), st.sink_pos)
         keys = dequantize_rows(self.k[layer], self.k_scale[layer])
         values = dequantize_rows(self.v[layer], self.v_scale[layer])
         return keys, values, st.valid.to(self.device)[None, :]

@@ -122,11 +122,13 @@ class TestBadInput:
     @pytest.mark.parametrize("field, change, message", [
         ("qkv", lambda a, r: a.__setitem__(0, a[0][:, :-1]), "qkv must be [N, 3·3·16]"),
         ("cos", lambda a, r: a.__setitem__(3, a[3][:, :4]), "cos/sin must be [37, 8]"),
-        ("slots", lambda a, r: a.__setitem__(5, a[5].int()), "slots must be int64 [37]"),
+        ("slots", lambda a, r: a.__setitem__(5, a[5].int()), "slots must be int64"),
+        ("slots", lambda a, r: a.__setitem__(5, a[5][:-1]), "slots must have shape [37]"),
         ("slots", lambda a, r: a.__setitem__(5, torch.cat([a[5][:-1], a[5][:1]])), "slots must be distinct"),
         ("slots", lambda a, r: a.__setitem__(5, a[5] + 1000), "slots must lie in [0, S=90)"),
         ("k_cache", lambda a, r: r.__setitem__("k_cache", r["k_cache"].float()), "the ring must be"),
-        ("k_scale", lambda a, r: r.__setitem__("k_scale", r["k_scale"][:, :2]), "k_scale must be float32"),
+        ("k_scale", lambda a, r: r.__setitem__("k_scale", r["k_scale"][:, :2]), "k_scale must have shape [S, H]"),
+        ("v_scale", lambda a, r: r.__setitem__("v_scale", r["v_scale"].double()), "v_scale must be float32"),
         ("v_image", lambda a, r: r.__setitem__("v_image", None), "pass both k_image and v_image"),
         ("k_image", lambda a, r: r.__setitem__("k_image", r["k_image"].float()), "k_image must be contiguous bf16"),
     ])

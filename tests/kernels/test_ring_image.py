@@ -15,7 +15,7 @@ import torch
 from kernel_compare import assert_close, needs_cuda, needs_triton_cpu
 from vivant.kernels.fp8 import quantize_rows_ref
 from vivant.kernels.ring_attention import ring_attention, ring_attention_ref
-from vivant.kernels.ring_image import dequant_slots, dequant_slots_ref
+from vivant.kernels.ring_image import dequant_all, dequant_slots, dequant_slots_ref
 
 SHAPES = {"odd_h3_d16": (50, 3, 16, 17), "one_slot": (9, 2, 32, 1), "long": (600, 4, 32, 300)}
 
@@ -46,6 +46,19 @@ def test_refresh_matches_twin_and_leaves_other_slots(shape, dtype):
     assert torch.equal(got[slots], exact), "refreshed rows are not bf16(fp8 · scale)"
 
 
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+@needs_triton_cpu
+def test_whole_ring_fill_matches_the_slot_refresh_of_every_slot(shape):
+    s, h, d, _ = shape
+    g = torch.Generator().manual_seed(s)
+    src, sc = ring(s, h, d, g)
+    got = torch.full((s, h, d), float("nan"), dtype=torch.bfloat16)
+    want = got.clone()
+    dequant_all(src, sc, got, backend="triton")
+    dequant_slots_ref(src, sc, torch.arange(s), want)
+    assert torch.equal(got, want), f"whole-ring fill differs from the twin: max |diff| {(got.float() - want.float()).abs().max()}"
+
+
 def test_twin_is_the_dequantization():
     g = torch.Generator().manual_seed(3)
     src, sc = ring(20, 2, 16, g)
@@ -64,7 +77,9 @@ class TestBadInput:
         ("dst", {"dst": torch.zeros(10, 2, 8)}, "dst must have src's shape"),
         ("dst", {"dst": torch.zeros(10, 2, 16, dtype=torch.int32)}, "dst dtype"),
         ("scale", {"scale": torch.ones(10, 3)}, "scale must be float32 [S, H]"),
-        ("slots", {"slots": torch.tensor([1, 2], dtype=torch.int32)}, "slots must be a 1-D int64"),
+        ("slots", {"slots": torch.tensor([1, 2], dtype=torch.int32)}, "slots must be int64"),
+        ("slots", {"slots": torch.tensor([[1, 2]])}, "slots must be a 1-D int64"),
+        ("slots", {"slots": torch.tensor([2, 2])}, "slots must be distinct"),
         ("slots", {"slots": torch.tensor([3, 10])}, "slots must lie in [0, S=10)"),
         ("src", {"src": torch.zeros(10, 32)}, "src must be [S, H, D]"),
     ])
