@@ -72,3 +72,17 @@ def use_triton(kernel: str, backend: str, device: torch.device) -> bool:
         _log_once(kernel, "TRITON_INTERPRET=1 is set and the tensors are on CUDA")
         return False
     return True
+
+
+def pdl_launch(pdl: bool, device: torch.device) -> bool:
+    """Whether a Triton launch on `device` uses programmatic dependent launch (PDL, Hopper and newer).
+
+    With PDL the kernel is launched with CUDA's programmatic-stream-serialization attribute: its programs may be
+    scheduled while the kernel before it in the stream (or CUDA graph) drains, and each program's first
+    instruction, `griddepcontrol.wait`, blocks until that kernel has completed and its writes are visible. So
+    the launch latency and block scheduling overlap the predecessor's tail, and every memory access still
+    comes after it. A kernel compiled for PDL must wait before its first load or store (the kernels here do,
+    under a `PDL` constexpr). Off on CPU, under the interpreter, and below compute capability 9.0."""
+    if not pdl or device.type != "cuda" or interpreter_enabled():
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9

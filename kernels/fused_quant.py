@@ -22,7 +22,9 @@ Each launcher takes `config=(rows_per_program, block_k, num_warps)` (keyword onl
 None uses DEFAULT_CONFIGS[<kernel name>]. rows_per_program is a power of two; block_k is a power of
 two >= 16, or 0 for the whole row (next_pow2(K)); a block_k above next_pow2(K) is capped there.
 num_warps 0 means the default rule (max(1, min(16, rows_per_program·block_k // 512))). Anything else
-raises ValueError naming `config`.
+raises ValueError naming `config`. `pdl=True` launches with programmatic dependent launch on a Hopper GPU
+(vivant.kernels.backend.pdl_launch): the programs wait for the preceding kernel before their first access,
+so only the launch overlaps that kernel's tail; elsewhere it is ignored.
 
   ln_mod_quant(x, shift, scale)  LayerNorm (no affine) → y·(1 + scale) + shift → FP8 rows
   swiglu_quant(gu)               gu = [gate | up] (2F wide) → silu(gate)·up → FP8 rows
@@ -40,12 +42,13 @@ Each has a float32 torch twin (`*_ref`) and a `backend` switch ("auto" | "triton
 from __future__ import annotations
 
 import torch
-from vivant.kernels.backend import use_triton
+from vivant.kernels.backend import pdl_launch, use_triton
 from vivant.kernels.fp8 import quantize_rows_ref
 
 try:
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_wait
     from vivant.kernels.fp8 import e4m3_grid_tl
 except ImportError:  # pragma: no cover - triton is a dependency of the kernels extra
     triton = None
@@ -189,7 +192,10 @@ if triton is not None:
         BLOCK_K: tl.constexpr,
         ONE_TILE: tl.constexpr,
         HW_CAST: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
+        if PDL:  # programmatic dependent launch: nothing is read or written before the predecessor is done
+            gdc_wait()
         row0 = tl.program_id(0) * ROWS
         if ONE_TILE:
             # every load is issued before the first reduction: two dependent reduction steps per row
@@ -236,7 +242,10 @@ if triton is not None:
         BLOCK_K: tl.constexpr,
         ONE_TILE: tl.constexpr,
         HW_CAST: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
+        if PDL:  # programmatic dependent launch: nothing is read or written before the predecessor is done
+            gdc_wait()
         row0 = tl.program_id(0) * ROWS
         if ONE_TILE:
             rows, cols, cmask, mask = _tile(row0, 0, M, K, ROWS, BLOCK_K)
@@ -297,7 +306,10 @@ if triton is not None:
         BLOCK_K: tl.constexpr,
         ONE_TILE: tl.constexpr,
         HW_CAST: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
+        if PDL:  # programmatic dependent launch: nothing is read or written before the predecessor is done
+            gdc_wait()
         row0 = tl.program_id(0) * ROWS
         if ONE_TILE:
             rows, cols, cmask, mask = _tile(row0, 0, M, F, ROWS, BLOCK_K)
@@ -327,7 +339,10 @@ if triton is not None:
     def _quant_rows_kernel(
         x_ptr, q_ptr, s_ptr, M, K, stride_x, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, ONE_TILE: tl.constexpr,
         HW_CAST: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
+        if PDL:  # programmatic dependent launch: nothing is read or written before the predecessor is done
+            gdc_wait()
         row0 = tl.program_id(0) * ROWS
         if ONE_TILE:
             rows, cols, cmask, mask = _tile(row0, 0, M, K, ROWS, BLOCK_K)
@@ -411,13 +426,16 @@ def _resolve_config(name: str, config) -> tuple[int, int, int]:
     return _check_config(name, DEFAULT_CONFIGS[name] if config is None else config)
 
 
-def _launch(config: tuple[int, int, int], M: int, K: int, hw_cast: bool = False):
-    """Grid and meta-parameters for a row kernel of width K; block_k is capped at next_pow2(K) (one tile)."""
+def _launch(config: tuple[int, int, int], M: int, K: int, hw_cast: bool = False, pdl: bool = False):
+    """Grid and meta-parameters for a row kernel of width K; block_k is capped at next_pow2(K) (one tile).
+    pdl: launch with programmatic dependent launch (vivant.kernels.backend.pdl_launch decided it)."""
     rows, block_k, warps = config
     full = triton.next_power_of_2(K)
     block_k = full if block_k == 0 else min(block_k, full)
     meta = dict(ROWS=rows, BLOCK_K=block_k, ONE_TILE=block_k >= K, HW_CAST=hw_cast,
                 num_warps=warps or _warps(rows * block_k))
+    if pdl:
+        meta.update(PDL=True, launch_pdl=True)
     return (triton.cdiv(M, rows),), meta
 
 
@@ -445,6 +463,7 @@ def ln_mod_quant(
     *,
     config: tuple[int, int, int] | None = None,
     exact_rounding: bool = False,
+    pdl: bool = False,
 ):
     """x [M, K]; shift, scale [K] → (fp8 [M, K], float32 scales [M]).
     config: (rows_per_program, block_k, num_warps) for the Triton kernel; None = DEFAULT_CONFIGS["ln_mod_quant"]."""
@@ -460,7 +479,7 @@ def ln_mod_quant(
     M = x.shape[0]
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty(M, dtype=torch.float32, device=x.device)
-    grid, meta = _launch(config, M, K, _hw_cast(x, exact_rounding))
+    grid, meta = _launch(config, M, K, _hw_cast(x, exact_rounding), pdl_launch(pdl, x.device))
     _ln_mod_quant_kernel[grid](
         x, shift.contiguous(), scale.contiguous(), q, s, M, K, x.stride(0), eps, **meta
     )
@@ -478,6 +497,7 @@ def residual_ln_mod_quant(
     *,
     config: tuple[int, int, int] | None = None,
     exact_rounding: bool = False,
+    pdl: bool = False,
 ):
     """x, y [M, K]; gate, shift, scale [K] → (x + gate·y [M, K] in x's dtype, fp8 [M, K], float32 scales [M]).
     The gated residual add of one sub-block fused with the next sub-block's norm, modulation and quantization.
@@ -497,7 +517,7 @@ def residual_ln_mod_quant(
     xo = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty(M, dtype=torch.float32, device=x.device)
-    grid, meta = _launch(config, M, K, _hw_cast(x, exact_rounding))
+    grid, meta = _launch(config, M, K, _hw_cast(x, exact_rounding), pdl_launch(pdl, x.device))
     _residual_ln_mod_quant_kernel[grid](
         x,
         y,
@@ -518,7 +538,7 @@ def residual_ln_mod_quant(
 
 
 def swiglu_quant(gu: torch.Tensor, backend: str = "auto", *, config: tuple[int, int, int] | None = None,
-                 exact_rounding: bool = False):
+                 exact_rounding: bool = False, pdl: bool = False):
     """gu [M, 2F] = [gate | up] → (fp8 [M, F], float32 scales [M]).
     config: (rows_per_program, block_k, num_warps), block_k tiling F; None = DEFAULT_CONFIGS["swiglu_quant"]."""
     _check_2d("swiglu_quant gu", gu)
@@ -530,13 +550,13 @@ def swiglu_quant(gu: torch.Tensor, backend: str = "auto", *, config: tuple[int, 
     M, F = gu.shape[0], gu.shape[1] // 2
     q = torch.empty((M, F), dtype=torch.float8_e4m3fn, device=gu.device)
     s = torch.empty(M, dtype=torch.float32, device=gu.device)
-    grid, meta = _launch(config, M, F, _hw_cast(gu, exact_rounding))
+    grid, meta = _launch(config, M, F, _hw_cast(gu, exact_rounding), pdl_launch(pdl, gu.device))
     _swiglu_quant_kernel[grid](gu, q, s, M, F, gu.stride(0), **meta)
     return q, s
 
 
 def quant_rows(x: torch.Tensor, backend: str = "auto", *, config: tuple[int, int, int] | None = None,
-               exact_rounding: bool = False):
+               exact_rounding: bool = False, pdl: bool = False):
     """x [M, K] → (fp8 [M, K], float32 scales [M]).
     config: (rows_per_program, block_k, num_warps); None = DEFAULT_CONFIGS["quant_rows"]."""
     _check_2d("quant_rows x", x)
@@ -546,6 +566,6 @@ def quant_rows(x: torch.Tensor, backend: str = "auto", *, config: tuple[int, int
     M, K = x.shape
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty(M, dtype=torch.float32, device=x.device)
-    grid, meta = _launch(config, M, K, _hw_cast(x, exact_rounding))
+    grid, meta = _launch(config, M, K, _hw_cast(x, exact_rounding), pdl_launch(pdl, x.device))
     _quant_rows_kernel[grid](x, q, s, M, K, x.stride(0), **meta)
     return q, s

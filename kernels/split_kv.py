@@ -11,16 +11,26 @@ Whether the split is faster on a given GPU is measured (bench/gpu_tune.py); the 
 Shapes: q [N, H, D]; images k, v [S, H, D] (S divisible by `splits`); partial outputs o [splits, H, N, D]
 (any strides), lse [splits, H, N] float32; out [N, H, D] in q's dtype. The combine reads splits·N·H·(D·2 + 4)
 bytes and writes N·H·D·2. `combine_splits_ref` is its float32 twin.
+
+The engine's form, `split_kv_attention_fp8(q_parts, k, v)`, takes the queries already replicated per part
+(q_parts [P, H, N, D], which the QKV → ring kernel writes directly, so no copy kernel runs) and fuses the O
+projection's input quantization into the combine: one program per token combines its H·D values, rounds them
+to q's dtype and writes FP8 codes [N, H·D] with one float32 scale per token — exactly quant_rows of the
+unfused combine's output (`combine_quant_ref` is that twin). One kernel instead of the combine + quant_rows.
 """
 
 from __future__ import annotations
 
 import torch
-from vivant.kernels.backend import use_triton
+from vivant.kernels.backend import pdl_launch, use_triton
+from vivant.kernels.fp8 import quantize_rows_ref
 
 try:
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_wait
+    from vivant.kernels.cache_write import bf16_grid_tl
+    from vivant.kernels.fused_quant import _absmax_nans, _row_scale, _store_fp8_tile
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -36,7 +46,49 @@ def combine_splits_ref(o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     return out.transpose(0, 1)
 
 
+def combine_quant_ref(o: torch.Tensor, lse: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """o [P, H, N, D], lse [P, H, N] → (FP8 [N, H·D], float32 scales [N]): the combine rounded to `dtype`,
+    then rowwise FP8 (vivant.kernels.fp8)."""
+    out = combine_splits_ref(o, lse).to(dtype)
+    return quantize_rows_ref(out.reshape(out.shape[0], -1).float())
+
+
 if triton is not None:
+
+    @triton.jit
+    def _combine_quant_kernel(o_ptr, lse_ptr, q_ptr, s_ptr, H, so_p, so_h, so_n, sl_p, sl_h,
+                              SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr,
+                              OUT_DTYPE: tl.constexpr, HW_CAST: tl.constexpr, PDL: tl.constexpr):
+        # one program per token: its [H, D] values from every part, combined, rounded, quantized as one row
+        if PDL:
+            gdc_wait()
+        n = tl.program_id(0)
+        hh = tl.arange(0, BLOCK_H)
+        dd = tl.arange(0, D)
+        hm = hh < H
+        m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        for p in tl.static_range(SPLITS):
+            m = tl.maximum(m, tl.load(lse_ptr + p * sl_p + hh * sl_h + n, mask=hm, other=float("-inf")))
+        m = tl.where(m == float("-inf"), 0.0, m)
+        num = tl.zeros([BLOCK_H, D], tl.float32)
+        den = tl.zeros([BLOCK_H], tl.float32)
+        for p in tl.static_range(SPLITS):
+            w = tl.exp(tl.load(lse_ptr + p * sl_p + hh * sl_h + n, mask=hm, other=float("-inf")) - m)
+            o = tl.load(o_ptr + p * so_p + hh[:, None] * so_h + n * so_n + dd[None, :], mask=hm[:, None], other=0.0)
+            num += o.to(tl.float32) * w[:, None]
+            den += w
+        out = num / tl.where(den == 0.0, 1.0, den)[:, None]
+        if OUT_DTYPE == tl.bfloat16 and not HW_CAST:  # the interpreter's bf16 cast truncates: round to nearest first
+            out = bf16_grid_tl(out)
+        out = out.to(OUT_DTYPE).to(tl.float32)
+        y = tl.reshape(out, [1, BLOCK_H * D])
+        mask = tl.reshape(hm[:, None] & (dd[None, :] < D), [1, BLOCK_H * D])
+        amax_t, nan_t = _absmax_nans(y, mask)
+        s = _row_scale(amax_t, nan_t)
+        rows = n + tl.arange(0, 1)
+        cols = tl.arange(0, BLOCK_H * D)
+        _store_fp8_tile(q_ptr, rows, cols, mask, y, s, H * D, HW_CAST)
+        tl.store(s_ptr + rows, s)
 
     @triton.jit
     def _combine_kernel(o_ptr, lse_ptr, out_ptr, N, H, so_p, so_h, so_n, sl_p, sl_h, SPLITS: tl.constexpr,
@@ -115,3 +167,63 @@ def split_kv_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, splits: int
     vb = v.view(splits, S // splits, H, D).permute(0, 2, 1, 3)
     o, lse = _partial_sdpa(qb, kb, vb, scale)
     return combine_splits(o, lse, q.dtype, backend=backend)
+
+
+_TL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+def combine_quant(o: torch.Tensor, lse: torch.Tensor, dtype: torch.dtype, *, backend: str = "auto",
+                  exact_rounding: bool = False, pdl: bool = False, num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partial outputs o [P, H, N, D] and lse [P, H, N] → (FP8 [N, H·D], float32 scales [N]), the combine
+    rounded to `dtype` (what the unfused combine would store) and quantized per token. exact_rounding: the
+    twin's IEEE division and grid rounding on a GPU (see vivant.kernels.fused_quant); pdl: programmatic
+    dependent launch (vivant.kernels.backend.pdl_launch)."""
+    if o.dim() != 4 or lse.shape != o.shape[:3]:
+        raise ValueError(f"combine_quant: o must be [P, H, N, D] and lse [P, H, N], got {tuple(o.shape)} and "
+                         f"{tuple(lse.shape)}")
+    if o.stride(3) != 1:
+        raise ValueError("combine_quant: o needs a contiguous head_dim")
+    if dtype not in _TL_DTYPES:
+        raise ValueError(f"combine_quant: dtype must be one of {list(_TL_DTYPES)}, got {dtype}")
+    if num_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"combine_quant: num_warps must be one of (1, 2, 4, 8, 16), got {num_warps!r}")
+    P, H, N, D = o.shape
+    if D & (D - 1) or not use_triton("combine_quant", backend, o.device):
+        return combine_quant_ref(o, lse, dtype)
+    lse = lse.float()
+    if lse.stride(2) != 1:
+        lse = lse.contiguous()
+    q = torch.empty(N, H * D, dtype=torch.float8_e4m3fn, device=o.device)
+    s = torch.empty(N, dtype=torch.float32, device=o.device)
+    use_pdl = pdl_launch(pdl, o.device)
+    extra = {"launch_pdl": True} if use_pdl else {}
+    _combine_quant_kernel[(N,)](o, lse, q, s, H, o.stride(0), o.stride(1), o.stride(2), lse.stride(0),
+                                lse.stride(1), SPLITS=P, BLOCK_H=triton.next_power_of_2(H), D=D,
+                                OUT_DTYPE=getattr(tl, _TL_DTYPES[dtype]), HW_CAST=o.is_cuda and not exact_rounding,
+                                PDL=use_pdl, num_warps=num_warps, **extra)
+    return q, s
+
+
+def split_kv_attention_fp8(q_parts: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
+                           *, backend: str = "auto", exact_rounding: bool = False, pdl: bool = False,
+                           combine_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of the queries over every slot of k, v [S, H, D], the slots in P equal parts, with the output
+    quantized for the O projection. q_parts [P, H, N, D]: the queries replicated per part (the QKV → ring
+    kernel writes this layout, `q_copies=P`). Returns (FP8 [N, H·D], float32 scales [N])."""
+    if q_parts.dim() != 4:
+        raise ValueError(f"split_kv_attention_fp8: q_parts must be [P, H, N, D], got {tuple(q_parts.shape)}")
+    P, H, N, D = q_parts.shape
+    S = k.shape[0]
+    if k.shape != (S, H, D) or v.shape != k.shape:
+        raise ValueError(f"split_kv_attention_fp8: k, v must be [S, {H}, {D}], got {tuple(k.shape)} / "
+                         f"{tuple(v.shape)}")
+    if S % P:
+        raise ValueError(f"split_kv_attention_fp8: the {P} parts must divide the slot count S = {S}")
+    if not (k.is_contiguous() and v.is_contiguous()):
+        raise ValueError("split_kv_attention_fp8: k and v must be contiguous [S, H, D] (the read image is)")
+    scale = sm_scale if sm_scale is not None else D ** -0.5
+    kb = k.view(P, S // P, H, D).permute(0, 2, 1, 3)
+    vb = v.view(P, S // P, H, D).permute(0, 2, 1, 3)
+    o, lse = _partial_sdpa(q_parts, kb, vb, scale)
+    return combine_quant(o, lse, q_parts.dtype, backend=backend, exact_rounding=exact_rounding, pdl=pdl,
+                         num_warps=combine_warps)

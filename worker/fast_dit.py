@@ -44,8 +44,10 @@ from vivant.kernels.fp8_gemm import fp8_linear, quantize_weight
 from vivant.kernels.fused_quant import ln_mod_quant, quant_rows, residual_ln_mod_quant, swiglu_quant
 from vivant.kernels.qk_norm_rope import qk_norm_rope
 from vivant.kernels.qkv_ring import qkv_ring_write
+from vivant.kernels.residual_persistent import residual_ln_mod_quant_persistent
 from vivant.kernels.ring_attention import ring_attention
 from vivant.kernels.rope import rope_angles
+from vivant.kernels.split_kv import split_kv_attention_fp8
 
 from .fused_tp import FusedFP8RowParallel, FusedMethod, tp_group_of, unfused_fp8_row_parallel
 from .kv_cache import KVCache
@@ -60,6 +62,14 @@ class FastDiT:
     row_parallel_path = "gemm_then_all_reduce"
     fast_accum = False  # cuBLASLt FP8 fast accumulation in all four GEMMs (kernels/fp8_gemm.py); set before capture
     attn_kv_splits = 1  # image backend: slots in this many parts per SDPA call (kernels/split_kv.py); before capture
+    # Triton kernels launched with programmatic dependent launch (kernels/backend.py), by the library kernel they
+    # follow; set before capture. PDL_SITES: "qkv" (QKV GEMM → ring write), "attn" (attention → O quantization),
+    # "o" (O GEMM → residual + norm2), "gate_up" (gate/up GEMM → SwiGLU), "down" (down GEMM → residual + norm1).
+    pdl: frozenset[str] = frozenset()
+    # the residual + norm + FP8 step: None = fused_quant's one-program-per-row kernel; a dict of launch arguments
+    # (programs, stages, num_warps) = the persistent kernel (kernels/residual_persistent.py); set before capture
+    residual_launch: dict[str, int] | None = None
+    PDL_SITES = frozenset({"qkv", "attn", "o", "gate_up", "down"})
 
     def __init__(self, model: VideoDiT, *, attn_backend: str = "triton", use_graphs: bool = True,
                  drop_bf16: bool = False,
@@ -116,17 +126,21 @@ class FastDiT:
         return path
 
     # ---- one pass, reading only static buffers -------------------------------------------------------
-    def _attend(self, i, blk, qkv, s, cache: KVCache, sink_pos, all_valid) -> torch.Tensor:
+    def _attend(self, i, blk, qkv, s, cache: KVCache, sink_pos, all_valid) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chunk's attention for block i, quantized for the O projection: (FP8 [N, H·D], scales [N])."""
         cfg, n, h, d = self.cfg, qkv.shape[0], self.local_heads, self.cfg.head_dim
         v = qkv.view(n, 3, h, d)[:, 2]
         if cache.mode == "baseline":  # the original per-call whole-cache work, same GEMMs (numerics reference)
             q, k = qkv.view(n, 3, h, d)[:, 0], qkv.view(n, 3, h, d)[:, 1]
-            return cache.attend(i, blk.attn.q_norm(q), blk.attn.k_norm(k), v).reshape(n, h * d)
+            return quant_rows(cache.attend(i, blk.attn.q_norm(q), blk.attn.k_norm(k), v).reshape(n, h * d))
         images = (cache.k_image[i], cache.v_image[i]) if cache.k_image is not None else (None, None)
+        splits = self._graph_splits(cache, all_valid) if sink_pos is None else 1
         if sink_pos is None:  # every graph-captured pass: QKV → q_rot, ring and image in one kernel
             q_rot = qkv_ring_write(qkv, blk.attn.q_norm.weight, blk.attn.k_norm.weight, s["cos"], s["sin"], s["slots"],
                                    cache.k[i], cache.v[i], cache.k_scale[i], cache.v_scale[i], h, eps=cfg.norm_eps,
-                                   k_image=images[0], v_image=images[1])
+                                   k_image=images[0], v_image=images[1], pdl="qkv" in self.pdl, q_copies=splits)
+            if splits > 1:  # the split-KV attention with the O projection's quantization fused into its combine
+                return split_kv_attention_fp8(q_rot, images[0], images[1], pdl="attn" in self.pdl)
         else:  # chunk 0 (eager) also writes the sink at its own positions: the unfused kernels
             q_rot, k = qk_norm_rope(qkv, blk.attn.q_norm.weight, blk.attn.k_norm.weight, s["cos"], s["sin"], h,
                                     eps=cfg.norm_eps)
@@ -135,7 +149,14 @@ class FastDiT:
         att = ring_attention(q_rot, cache.k[i], cache.v[i], cache.k_scale[i], cache.v_scale[i], s["valid"],
                              backend=self.attn_backend, all_valid=all_valid, k_image=img[0], v_image=img[1],
                              kv_splits=self.attn_kv_splits)
-        return att.reshape(n, h * d)
+        return quant_rows(att.reshape(n, h * d), pdl="attn" in self.pdl)
+
+    def _graph_splits(self, cache: KVCache, all_valid: bool) -> int:
+        """KV parts of a graph pass's attention: attn_kv_splits where the fused split path applies (image
+        backend, every slot valid, parts dividing the slots), else 1 (ring_attention logs why not)."""
+        p = self.attn_kv_splits
+        ok = p > 1 and self.attn_backend == "image" and all_valid and cache.layout.slots % p == 0
+        return p if ok else 1
 
     def _pass(self, s: dict[str, torch.Tensor], cache: KVCache, sink_pos: torch.Tensor | None, all_valid: bool):
         m, cfg = self.m, self.cfg
@@ -146,25 +167,31 @@ class FastDiT:
             x = torch.cat([x, a], dim=0)
         mods = s["mods"]  # [L, 6, d]: this noise level's modulation (self._modulation), refilled per pass
         eps = cfg.norm_eps
+        pdl = self.pdl
         a8, a_s = ln_mod_quant(x, mods[0, 0], mods[0, 1], eps=eps)
         last = len(m.blocks) - 1
         for i, blk in enumerate(m.blocks):
             (wqkv, sqkv), (wo, so), (wgu, sgu), (wdn, sdn) = self.w[i]
             gate1, shift2, scale2, gate2 = mods[i, 2], mods[i, 3], mods[i, 4], mods[i, 5]
             fa = self.fast_accum
-            att = self._attend(i, blk, fp8_linear(a8, a_s, wqkv, sqkv, fast_accum=fa), s, cache, sink_pos, all_valid)
-            o8, o_s = quant_rows(att)
+            o8, o_s = self._attend(i, blk, fp8_linear(a8, a_s, wqkv, sqkv, fast_accum=fa), s, cache, sink_pos,
+                                   all_valid)
             o = self.row_parallel(o8, o_s, wo, so, blk.attn.reduce, fast_accum=fa)
-            x, h8, h_s = residual_ln_mod_quant(x, o, gate1, shift2, scale2, eps=eps)  # x += g1·o; norm2; quant
-            d8, d_s = swiglu_quant(fp8_linear(h8, h_s, wgu, sgu, fast_accum=fa))
+            x, h8, h_s = self._residual(x, o, gate1, shift2, scale2, eps, "o" in pdl)  # x += g1·o; norm2; FP8
+            d8, d_s = swiglu_quant(fp8_linear(h8, h_s, wgu, sgu, fast_accum=fa), pdl="gate_up" in pdl)
             dn = self.row_parallel(d8, d_s, wdn, sdn, blk.mlp.reduce, fast_accum=fa)
             if i < last:  # x += g2·down, fused with the next block's norm1 + modulation + quantization
-                x, a8, a_s = residual_ln_mod_quant(x, dn, gate2, mods[i + 1, 0], mods[i + 1, 1], eps=eps)
+                x, a8, a_s = self._residual(x, dn, gate2, mods[i + 1, 0], mods[i + 1, 1], eps, "down" in pdl)
             else:
                 x = x + gate2 * dn
         shift, scale = s["final_mod"].unbind(0)
         x = m.final_norm(x) * (1 + scale) + shift
         return m.unpatchify(m.out(x[: cfg.video_tokens]).float())
+
+    def _residual(self, x, y, gate, shift, scale, eps, pdl: bool):
+        if self.residual_launch is None:
+            return residual_ln_mod_quant(x, y, gate, shift, scale, eps=eps, pdl=pdl)
+        return residual_ln_mod_quant_persistent(x, y, gate, shift, scale, eps, pdl=pdl, **self.residual_launch)
 
     def _modulation(self, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Every block's adaLN modulation [L, 6, d] and the final layer's (shift, scale) [2, d] at noise level
@@ -234,6 +261,9 @@ class FastDiT:
             raise ValueError("FastDiT's optimized path reads an FP8 ring (KVCache fp8=True)")
         if cache.mode == "optimized" and self.attn_backend == "image":
             cache.enable_read_image(torch.bfloat16)  # q's dtype: the FP8 GEMMs write bf16
+        if not self.pdl <= self.PDL_SITES:
+            raise ValueError(f"FastDiT: pdl sites must be among {sorted(self.PDL_SITES)}, got unknown "
+                             f"{sorted(self.pdl - self.PDL_SITES)}")
         s = self._fill(latents, sigma, feats, cache)
         all_valid = bool(st.valid.all())
         sink = st.sink_pos.to(self.device) if st.sink_pos is not None else None

@@ -98,3 +98,50 @@ def test_read_image_follows_ring_writes_by_the_float_model():
     assert resets >= 1, "the run needs a position reset"
     assert torch.equal(c.k_image, (c.k.float() * c.k_scale[..., None]).to(torch.bfloat16)), "key image is stale"
     assert torch.equal(c.v_image, (c.v.float() * c.v_scale[..., None]).to(torch.bfloat16)), "value image is stale"
+
+
+@pytest.mark.parametrize("splits, taken", [(7, True), (2, False)])
+def test_split_kv_path_matches_the_single_call(setup, monkeypatch, splits, taken):
+    """attn_kv_splits: graph-path passes with every slot valid take the split-KV attention with the O quantization
+    fused into the combine (7 parts divide the tiny ring's 91 slots); 2 parts do not divide it, so the single call
+    runs. Either way the latents follow the unsplit engine's (different summation order, FP8 rounding)."""
+    import vivant.worker.fast_dit as fd
+
+    cfg, model = setup
+    calls = []
+    real = fd.split_kv_attention_fp8
+    monkeypatch.setattr(fd, "split_kv_attention_fp8", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    split = FastDiT(model, attn_backend="image", use_graphs=False)
+    split.attn_kv_splits = splits
+    one = FastDiT(model, attn_backend="image", use_graphs=False)
+    got = _run(ChunkGenerator(cfg, mode="optimized", model=split, seed=2), cfg, 12)
+    want = _run(ChunkGenerator(cfg, mode="optimized", model=one, seed=2), cfg, 12)
+    errs = [float((g - w).norm() / w.norm()) for g, w in zip(got, want, strict=True)]
+    assert max(errs) < 1e-2, f"{splits} KV parts vs one call: relative RMS up to {max(errs):.3e} ({errs})"
+    if taken:
+        assert calls, "the split-KV path never ran although every slot became valid"
+        assert calls[0] == (splits, cfg.n_heads, cfg.tokens_per_chunk, cfg.head_dim), \
+            f"queries not replicated per part: {calls[0]}"
+    else:
+        assert not calls, f"{splits} parts do not divide {cfg.cache_slots} slots, yet the split path ran"
+
+
+def test_unknown_pdl_site_is_named(setup):
+    _, model = setup
+    fast = FastDiT(model, attn_backend="image", use_graphs=False)
+    fast.pdl = frozenset({"qkv", "softmax"})
+    with pytest.raises(ValueError, match="pdl sites must be among .* got unknown \\['softmax'\\]"):
+        _run(ChunkGenerator(ModelConfig.from_name("tiny"), mode="optimized", model=fast, seed=2),
+             ModelConfig.from_name("tiny"), 1)
+
+
+def test_persistent_residual_kernel_gives_the_same_chunks(setup):
+    """residual_launch selects the persistent residual + norm + FP8 kernel; on CPU both forms run the same twin,
+    so the chunks must be identical (the kernels themselves are compared in tests/kernels)."""
+    cfg, model = setup
+    a = FastDiT(model, attn_backend="image", use_graphs=False)
+    b = FastDiT(model, attn_backend="image", use_graphs=False)
+    b.residual_launch = {"programs": 4, "stages": 2, "num_warps": 4}
+    got = _run(ChunkGenerator(cfg, mode="optimized", model=b, seed=2), cfg, 3)
+    want = _run(ChunkGenerator(cfg, mode="optimized", model=a, seed=2), cfg, 3)
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), "persistent residual changed the chunks"

@@ -16,7 +16,7 @@ from collections import Counter
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from vivant.kernels import cache_write, delta_rotate
+from vivant.kernels import cache_write, delta_rotate, fused_quant, qkv_ring
 
 TARGET = GPUTarget("cuda", 90, 32)
 # The 57b head: D=128, rope_dims (44, 42, 42) -> 64 pairs, 22 t-band pairs, 43 t+h pairs.
@@ -44,8 +44,32 @@ def compile_kernel(fn, pointers: dict[str, str], scalars: dict[str, str], const:
     return compiled.asm["ptx"]
 
 
+def pdl_report(fn, types: dict[str, str], const: dict) -> dict[str, int]:
+    """Compile with PDL=True; where the grid-dependency wait sits relative to the first global access."""
+    sig = {n: ("constexpr" if n in const else types[n]) for n in fn.arg_names}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+    ptx = triton.compile(src, target=TARGET).asm["ptx"]
+    lines = [ln.strip() for ln in ptx.splitlines()]
+    first = {op: next((i for i, ln in enumerate(lines) if re.match(r"(@!?%\w+\s+)?" + re.escape(op), ln)), -1)
+             for op in ("griddepcontrol.wait", "ld.global", "st.global")}
+    return {f"line_of_first_{k}": v for k, v in first.items()}
+
+
 def main() -> int:
     report = {}
+    row_types = {"x_ptr": "*bf16", "y_ptr": "*bf16", "gate_ptr": "*bf16", "shift_ptr": "*bf16", "scale_ptr": "*bf16",
+                 "xo_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "M": "i32", "K": "i32",
+                 "stride_x": "i32", "stride_y": "i32", "eps": "fp32"}
+    report["pdl residual_ln_mod_quant"] = pdl_report(
+        fused_quant._residual_ln_mod_quant_kernel, row_types,
+        {"ROWS": 1, "BLOCK_K": 8192, "ONE_TILE": True, "HW_CAST": True, "PDL": True})
+    ring_types = {"qkv_ptr": "*bf16", "qw_ptr": "*bf16", "kw_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
+                  "slot_ptr": "*i64", "q_out": "*bf16", "kc_ptr": "*fp8e4nv", "vc_ptr": "*fp8e4nv", "ks_ptr": "*fp32",
+                  "vs_ptr": "*fp32", "ki_ptr": "*bf16", "vi_ptr": "*bf16", "stride_tok": "i32", "H": "i32",
+                  "eps": "fp32", "sq_tok": "i32", "sq_h": "i32", "sq_copy": "i32"}
+    report["pdl qkv_ring"] = pdl_report(qkv_ring._qkv_ring_kernel, ring_types,
+                                        {"D": 128, "BLOCK_H": 16, "IMAGE": True, "HW_CAST": True, "Q_COPIES": 4,
+                                         "PDL": True})
     for tokens, pos, cache, fp8 in (
         ("*bf16", "*i64", "*fp8e4nv", True),
         ("*fp32", "*i32", "*fp32", False),

@@ -39,6 +39,8 @@ def test_every_variant_compiles(ptx_report):
             "write_kv bf16->bf16",
             "delta_rotate fp8e4nv",
             "delta_rotate fp32",
+            "pdl residual_ln_mod_quant",
+            "pdl qkv_ring",
         ]
     ), f"variants compiled: {sorted(ptx_report)}"
 
@@ -55,3 +57,14 @@ def test_fp8_path_uses_ieee_division_and_saturating_rne_conversion(ptx_report, v
 def test_bf16_cache_path_converts_with_round_to_nearest(ptx_report):
     ops = ptx_report["write_kv bf16->bf16"]
     assert any(k.startswith("cvt.rn.bf16") for k in ops), f"no cvt.rn.bf16.* in the PTX; instructions: {ops}"
+
+
+@pytest.mark.parametrize("variant", ["pdl residual_ln_mod_quant", "pdl qkv_ring"])
+def test_pdl_kernels_wait_before_their_first_global_access(ptx_report, variant):
+    """With programmatic dependent launch the programs may start while the previous kernel still writes their
+    inputs (or reads what they overwrite): `griddepcontrol.wait` must come before every global load and store."""
+    r = ptx_report[variant]
+    wait, ld, st = (r[f"line_of_first_{op}"] for op in ("griddepcontrol.wait", "ld.global", "st.global"))
+    assert wait >= 0, f"{variant}: no griddepcontrol.wait in the PTX ({r})"
+    assert 0 <= wait < ld and wait < st, f"{variant}: the wait (PTX line {wait}) is not before the first ld.global " \
+                                         f"(line {ld}) and st.global (line {st})"

@@ -14,10 +14,18 @@ import logging
 
 import pytest
 import torch
-from kernel_compare import assert_close, needs_cuda, needs_triton_cpu
+from kernel_compare import assert_close, assert_fp8_rows_match, needs_cuda, needs_triton_cpu
 from vivant.kernels.fp8 import quantize_rows_ref
+from vivant.kernels.fused_quant import quant_rows_ref
 from vivant.kernels.ring_attention import ring_attention, ring_attention_ref
-from vivant.kernels.split_kv import combine_splits, combine_splits_ref, split_kv_sdpa
+from vivant.kernels.split_kv import (
+    combine_quant,
+    combine_quant_ref,
+    combine_splits,
+    combine_splits_ref,
+    split_kv_attention_fp8,
+    split_kv_sdpa,
+)
 
 SHAPES = {"h3_n37_d16_p2": (2, 3, 37, 16), "h3_n37_d32_p3": (3, 3, 37, 32), "long_p2": (2, 2, 300, 16)}
 
@@ -41,6 +49,52 @@ def test_combine_kernel_matches_twin(shape, monkeypatch):
     monkeypatch.undo()
     want = combine_splits_ref(o, lse)
     assert_close(got, want, rel_rms=1e-6, max_abs=1e-5, what=f"combine {shape}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+@needs_triton_cpu
+def test_combine_quant_kernel_matches_twin(shape, dtype, monkeypatch):
+    """Combine + O quantization in one kernel vs its twin (combine, round to dtype, rowwise FP8), with NaN-poisoned
+    outputs, a strided o and a part that saw nothing for some rows."""
+    g = torch.Generator().manual_seed(sum(shape) + 1)
+    o, lse = partials(*shape, g, dead_part=True)
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).fill_(float("nan")))
+    q, sc = combine_quant(o.to(dtype), lse, dtype, backend="triton")
+    monkeypatch.undo()
+    rq, rs = combine_quant_ref(o.to(dtype), lse, dtype)
+    assert q.shape == (shape[2], shape[1] * shape[3]) and sc.shape == (shape[2],), f"shapes {q.shape} {sc.shape}"
+    if dtype == torch.float32:
+        assert_fp8_rows_match(q, sc, rq, rs, max_ulp_fraction=2e-3, what=f"combine_quant {shape} {dtype}")
+    else:  # a row max within one bf16 step of a rounding midpoint may round the other way: scales 2^-8 apart
+        assert_close(sc, rs, rel_rms=2**-8, max_abs=2**-8 * float(rs.abs().max()), what=f"scales {shape} {dtype}")
+        assert_close(q.float() * sc[:, None], rq.float() * rs[:, None], rel_rms=3e-2, max_abs=0.07 * float(rs.max()) * 448,
+                     what=f"dequantized rows {shape} {dtype}")
+
+
+def test_combine_quant_twin_is_quant_rows_of_the_combine():
+    g = torch.Generator().manual_seed(4)
+    o, lse = partials(3, 3, 37, 16, g)
+    q, sc = combine_quant_ref(o, lse, torch.bfloat16)
+    want_q, want_s = quant_rows_ref(combine_splits_ref(o, lse).to(torch.bfloat16).reshape(37, 48))
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(sc, want_s), \
+        "combine_quant_ref must be quant_rows of the combine rounded to the output dtype"
+
+
+def test_split_attention_fp8_equals_quantized_single_call():
+    """The engine's form: replicated queries [P, H, N, D] → FP8 rows of attention over every slot."""
+    g = torch.Generator().manual_seed(8)
+    n, h, d, s, p = 37, 3, 32, 96, 3
+    q = torch.randn(n, h, d, generator=g)
+    k, v = (torch.randn(s, h, d, generator=g) for _ in range(2))
+    q8, qs = split_kv_attention_fp8(q.transpose(0, 1).unsqueeze(0).repeat(p, 1, 1, 1), k, v)
+    one = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                                           v.transpose(0, 1)[None])[0].transpose(0, 1)
+    assert_close(q8.float() * qs[:, None], one.reshape(n, h * d), rel_rms=4e-2, max_abs=0.1,
+                 what="split attention FP8 rows vs one call")
+    w8, ws = quant_rows_ref(one.reshape(n, h * d))
+    assert_fp8_rows_match(q8, qs, w8, ws, max_ulp_fraction=2e-2, what="FP8 codes vs quant_rows of one call")
 
 
 def test_twin_equals_attention_in_one_piece():
@@ -115,6 +169,14 @@ class TestBadInput:
             ring_attention(torch.randn(4, 2, 8), k8, v8, ks, vs, torch.ones(12, dtype=torch.bool), backend="image",
                            k_image=ki, v_image=vi, kv_splits=0)
 
+    def test_split_attention_fp8_parts_must_divide_the_slots(self):
+        with pytest.raises(ValueError, match="the 5 parts must divide the slot count S = 12"):
+            split_kv_attention_fp8(torch.randn(5, 2, 4, 8), torch.randn(12, 2, 8), torch.randn(12, 2, 8))
+
+    def test_combine_quant_dtype_named(self):
+        with pytest.raises(ValueError, match="combine_quant: dtype must be one of"):
+            combine_quant(torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5), torch.int8)
+
     def test_combine_shapes_named(self):
         with pytest.raises(ValueError, match=r"o must be \[P, H, N, D\] and lse \[P, H, N\]"):
             combine_splits(torch.randn(2, 3, 5, 8), torch.randn(2, 3, 4))
@@ -132,3 +194,27 @@ def test_gpu_57b_split_equals_unsplit(splits):
     want = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
                                                             v.transpose(0, 1)[None])[0].transpose(0, 1)
     assert_close(got.float(), want.float(), rel_rms=1e-2, max_abs=0.05, what=f"57b {splits} parts (cuDNN)")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("splits", [2, 4])
+def test_gpu_57b_split_attention_fp8(splits):
+    """The engine's split path at the 57b shape: cuDNN over the parts, combine + quantization compiled; against
+    quant_rows of the single cuDNN call (codes within one e4m3 step on a small fraction), and the kernel against
+    its twin on the same partial outputs."""
+    g = torch.Generator().manual_seed(10 + splits)
+    n, h, d, s = 757, 16, 128, 5788
+    q = torch.randn(n, h, d, generator=g).cuda().to(torch.bfloat16)
+    k, v = (torch.randn(s, h, d, generator=g).cuda().to(torch.bfloat16) for _ in range(2))
+    q8, qs = split_kv_attention_fp8(q.transpose(0, 1).unsqueeze(0).repeat(splits, 1, 1, 1).contiguous(), k, v)
+    one = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                                           v.transpose(0, 1)[None])[0].transpose(0, 1)
+    assert_close((q8.float() * qs[:, None]).cpu(), one.reshape(n, h * d).float().cpu(), rel_rms=4e-2, max_abs=0.05,
+                 what=f"57b {splits} parts, FP8 rows vs one cuDNN call")
+    o = torch.randn(splits, n, h, d, generator=g).cuda().to(torch.bfloat16).permute(0, 2, 1, 3)
+    lse = (torch.randn(splits, h, n, generator=g) * 3).cuda()
+    got = combine_quant(o, lse, torch.bfloat16, backend="triton")
+    want = combine_quant_ref(o, lse, torch.bfloat16)
+    assert_fp8_rows_match(*(t.cpu() for t in got), *(t.cpu() for t in want), max_ulp_fraction=2e-3,
+                          what=f"combine_quant 57b {splits} parts (compiled vs twin)")
