@@ -25,13 +25,14 @@ import time
 
 import numpy as np
 import torch
-from vivant.kernels.fp8_gemm import fp8_linear, quantize_weight
+from vivant.kernels.fp8_gemm import fp8_linear, prefer_static_gemm_schedule, quantize_weight
 from vivant.kernels.fused_quant import ln_mod_quant, quant_rows, residual_ln_mod_quant, swiglu_quant
 from vivant.kernels.qk_norm_rope import qk_norm_rope
 from vivant.kernels.qkv_ring import qkv_ring_write
 from vivant.kernels.ring_attention import ring_attention
+from vivant.kernels.split_kv import split_kv_attention_fp8
 from vivant.worker.config import ModelConfig
-from vivant.worker.fast_dit import FastDiT
+from vivant.worker.fast_dit import FastDiT, auto_kv_splits
 from vivant.worker.generator import ChunkGenerator
 from vivant.worker.model import VideoDiT
 from vivant.worker.tp import apply_tensor_parallel, local_shapes
@@ -155,6 +156,7 @@ def profile_chunks(gen, cfg, start, n=2) -> dict:
         torch.cuda.synchronize()
     cats: dict[str, float] = {}
     kernels: dict[str, list] = {}
+    spans: list[tuple[float, float, str]] = []
     count = 0
     for ev in prof.events():
         if ev.device_type != torch.autograd.DeviceType.CUDA:
@@ -162,6 +164,7 @@ def profile_chunks(gen, cfg, start, n=2) -> dict:
         dur = ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
         if dur <= 0:
             continue
+        spans.append((ev.time_range.start, ev.time_range.end, ev.name[:60]))
         count += 1
         c = categorize(ev.name)
         cats[c] = cats.get(c, 0.0) + dur / 1e3 / n
@@ -170,7 +173,28 @@ def profile_chunks(gen, cfg, start, n=2) -> dict:
         k[1] += dur / 1e3 / n
     top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:25]
     return {"kernel_events": count, "ms_per_chunk_by_category": cats,
-            "top_kernels_ms_per_chunk": {k: {"calls_per_chunk": v[0] / n, "ms": v[1]} for k, v in top}}
+            "top_kernels_ms_per_chunk": {k: {"calls_per_chunk": v[0] / n, "ms": v[1]} for k, v in top},
+            "gaps": device_gaps(spans, n)}
+
+
+def device_gaps(spans: list[tuple[float, float, str]], chunks: int) -> dict:
+    """Idle device time between consecutive device events (µs timestamps from the profiler), per chunk: in
+    total, split at 20 µs (launch gaps inside a graph vs the host making the device wait), and the largest gaps
+    with the events on either side."""
+    spans.sort()
+    gaps = []
+    end = spans[0][1] if spans else 0.0
+    for (s0, e0, name), prev in zip(spans[1:], spans, strict=False):
+        if s0 > end:
+            gaps.append((s0 - end, prev[2], name))
+        end = max(end, e0)
+    small = [g for g in gaps if g[0] <= 20]
+    large = sorted((g for g in gaps if g[0] > 20), reverse=True)
+    return {"ms_per_chunk": sum(g[0] for g in gaps) / 1e3 / chunks,
+            "under_20us_ms_per_chunk": sum(g[0] for g in small) / 1e3 / chunks,
+            "under_20us_count_per_chunk": len(small) / chunks,
+            "over_20us_ms_per_chunk": sum(g[0] for g in large) / 1e3 / chunks,
+            "largest": [{"us": round(g[0], 1), "after": g[1], "before": g[2]} for g in large[:12]]}
 
 
 def gemm_ceiling(cfg, tp) -> dict:
@@ -194,7 +218,7 @@ def gemm_ceiling(cfg, tp) -> dict:
     return out
 
 
-def component_times(cfg, tp) -> dict:
+def component_times(cfg, tp, splits: int = 1) -> dict:
     """Per-call medians of the non-GEMM pieces at the exact shapes (ms): replayed inside CUDA graphs as the engine
     runs them, except the baseline's eager cache work (do_bench, cold L2, as the baseline runs it)."""
     n, h, d, S = cfg.tokens_per_chunk, cfg.shard_heads(tp), cfg.head_dim, cfg.cache_slots
@@ -237,6 +261,8 @@ def component_times(cfg, tp) -> dict:
         "attn_sdpa_dequant": ms(lambda: ring_attention(q, k8, v8, ks, vs, valid, backend="sdpa", all_valid=True)),
         "attn_image": ms(lambda: ring_attention(q, k8, v8, ks, vs, valid, backend="image", all_valid=True,
                                                 k_image=kimg, v_image=vimg)),
+        "attn_image_split_fp8": ms(lambda: split_kv_attention_fp8(q.transpose(0, 1).unsqueeze(0).expand(splits, h, n, d),
+                                                                  kimg, vimg)) if splits > 1 else None,
         "attn_image_kv_splits_2": ms(lambda: ring_attention(q, k8, v8, ks, vs, valid, backend="image", all_valid=True,
                                                             k_image=kimg, v_image=vimg, kv_splits=2)),
         "image_refresh": ms(lambda: (dequant_slots(k8, ks, slots, kimg), dequant_slots(v8, vs, slots, vimg))),
@@ -268,7 +294,7 @@ def time_chunks(gen: ChunkGenerator, cfg, warmup: int, chunks: int):
     return times, lat
 
 
-def numerics(cfg, model, args, fp8_weights) -> dict:
+def numerics(cfg, model, args, timed: FastDiT) -> dict:
     """Optimized vs baseline over many chunks with position resets (t_limit lowered to force them).
 
     mode_only: the same FP8 engine (same FP8 weights, same FP8 activations) with the ring cache + graphs vs the
@@ -278,9 +304,9 @@ def numerics(cfg, model, args, fp8_weights) -> dict:
     """
 
     ncfg = ModelConfig.from_name(args.preset, t_limit=args.numerics_t_limit)
-    fast_o = FastDiT(model, attn_backend=args.attn_backend, use_graphs=not args.no_graphs, fp8_weights=fp8_weights)
+    fast_o = FastDiT(model, attn_backend=args.attn_backend, use_graphs=not args.no_graphs, fp8_weights=timed.w)
     fast_o.fast_accum = args.fast_accum
-    fast_o.attn_kv_splits = args.attn_kv_splits
+    fast_o.attn_kv_splits, fast_o.pdl = timed.attn_kv_splits, timed.pdl  # the timed engine's settings
     # the same FP8 weights, its own buffers; the baseline cache mode runs eagerly
     fast_b = FastDiT(model, attn_backend=args.attn_backend, use_graphs=False, fp8_weights=fast_o.w)
     fast_b.fast_accum, fast_b.attn_kv_splits = fast_o.fast_accum, fast_o.attn_kv_splits
@@ -316,17 +342,25 @@ def numerics(cfg, model, args, fp8_weights) -> dict:
 
 def run(args) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
+    workspace = prefer_static_gemm_schedule()  # before the first GEMM of the process, as the worker does
     cfg = ModelConfig.from_name(args.preset)
     tp, rank = args.tp, args.rank
     props = torch.cuda.get_device_properties(0)
+    pdl = frozenset(x for x in args.pdl.split(",") if x)
+    if not pdl <= FastDiT.PDL_SITES:
+        raise SystemExit(f"--pdl: unknown sites {sorted(pdl - FastDiT.PDL_SITES)}; choose from {sorted(FastDiT.PDL_SITES)}")
+    splits = args.attn_kv_splits
+    if splits == "auto":
+        splits = auto_kv_splits(cfg.tokens_per_chunk, cfg.shard_heads(tp), cfg.cache_slots, props.multi_processor_count)
     import triton
 
     result = {"bench": "step", "preset": cfg.name, "tp": tp, "rank": rank, "gpus": 1, "gpu": props.name,
               "torch": torch.__version__, "triton": triton.__version__, "date": time.strftime("%Y-%m-%d"),
               "chunks": args.chunks, "passes": cfg.passes, "layers": cfg.n_layers,
-              "attn_calls_per_chunk": cfg.n_layers * cfg.passes, "attn_backend": args.attn_backend}
+              "attn_calls_per_chunk": cfg.n_layers * cfg.passes, "attn_backend": args.attn_backend,
+              "cublaslt_workspace_kib": workspace, "attn_kv_splits": splits, "pdl": sorted(pdl)}
     ceil = gemm_ceiling(cfg, tp)
-    comp = component_times(cfg, tp)
+    comp = component_times(cfg, tp, splits)
     result["gemm_ceiling"] = ceil
     result["components_ms_per_call"] = comp
     calls = cfg.n_layers * cfg.passes
@@ -343,7 +377,7 @@ def run(args) -> int:
     fast = FastDiT(model, attn_backend=args.attn_backend, use_graphs=not args.no_graphs,
                    fp8_weights=None if keep_bf16 else fast_w)
     fast.fast_accum = result["fast_accum"] = args.fast_accum
-    fast.attn_kv_splits = result["attn_kv_splits"] = args.attn_kv_splits
+    fast.attn_kv_splits, fast.pdl = splits, pdl
     result["weights_gb"] = torch.cuda.memory_allocated() / 1e9
     opt = ChunkGenerator(cfg, mode="optimized", device="cuda", dtype=torch.bfloat16, model=fast, seed=args.seed)
     t_opt, lat_opt = time_chunks(opt, cfg, args.warmup, args.chunks)
@@ -357,10 +391,12 @@ def run(args) -> int:
     result["pct_fp8_ceiling"] = 100.0 * result["fp8_tflops"] / ceil["fp8_ceiling_tflops"]
     o = result["optimized_ms"]
     gem = ceil["fp8_ms_per_layer_pass"] * calls
-    att = attn_cost[args.attn_backend] * calls
-    # per layer-pass: 2 residual_ln_mod_quant, swiglu_quant, quant_rows, qkv_ring_write (+ one ln_mod_quant per pass)
-    elem = ((2 * comp["residual_ln_mod_quant"] + comp["swiglu_quant"] + comp["quant_rows_o"] + comp["qkv_ring_write"])
-            * calls + comp["ln_mod_quant"] * cfg.passes)
+    split = splits > 1 and args.attn_backend == "image"  # the split attention quantizes its output itself
+    att = (comp["attn_image_split_fp8"] if split else attn_cost[args.attn_backend]) * calls
+    # per layer-pass: 2 residual_ln_mod_quant, swiglu_quant, quant_rows (unless split), qkv_ring_write
+    # (+ one ln_mod_quant per pass)
+    elem = ((2 * comp["residual_ln_mod_quant"] + comp["swiglu_quant"] + (0 if split else comp["quant_rows_o"])
+             + comp["qkv_ring_write"]) * calls + comp["ln_mod_quant"] * cfg.passes)
     # NVLink estimate for the two all-reduces per layer-pass (757×8192 bf16 = 12.4 MB each), reported apart:
     # ring all-reduce moves 2·(W−1)/W of the buffer per GPU; at ~360 GB/s achieved bus bandwidth per GPU.
     ar_bytes = cfg.tokens_per_chunk * cfg.d_model * 2
@@ -387,7 +423,7 @@ def run(args) -> int:
         result["rel_rms_per_chunk"] = [round(e, 6) for e in errs]
         result["max_rel_rms"] = max(errs)
         if args.numerics_chunks:
-            result["numerics"] = numerics(cfg, model, args, fast.w)  # the timed engine's FP8 weights
+            result["numerics"] = numerics(cfg, model, args, fast)  # the timed engine's FP8 weights and settings
     text = json.dumps(result, indent=2)
     if args.out:
         with open(args.out, "w") as f:

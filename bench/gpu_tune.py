@@ -299,44 +299,6 @@ def sweep_gemms(cfg) -> dict:
     return out
 
 
-def sweep_residual_persistent(cfg) -> dict:
-    """The persistent residual + norm + FP8 kernel over (programs, stages, warps) against the row kernel, each
-    checked against the twin on fresh inputs and timed inside a CUDA graph."""
-    from vivant.kernels.residual_persistent import residual_ln_mod_quant_persistent
-
-    n, dm = cfg.tokens_per_chunk, cfg.d_model
-    bf = torch.bfloat16
-    nbytes = n * dm * (2 + 2 + 2 + 1) + n * 4
-    rows = []
-    launches = [None] + [dict(programs=p, stages=st, num_warps=w) for p in (132, 264, 396, 528) for st in (1, 2, 3)
-                         for w in (8, 16)]
-    for launch in launches:
-        x = torch.randn(n, dm, device=DEV, dtype=bf) * 3
-        y = torch.randn(n, dm, device=DEV, dtype=bf)
-        sh, sc, g = (torch.randn(dm, device=DEV, dtype=bf) * 0.3 for _ in range(3))
-        if launch is None:
-            def fn(x=x, y=y, g=g, sh=sh, sc=sc):
-                return fq.residual_ln_mod_quant(x, y, g, sh, sc)
-        else:
-            def fn(x=x, y=y, g=g, sh=sh, sc=sc, launch=launch):
-                return residual_ln_mod_quant_persistent(x, y, g, sh, sc, **launch)
-        try:
-            got = fn()
-            want = fq.residual_ln_mod_quant_ref(x, y, g, sh, sc)
-            err = rel(deq(got[1], got[2]), deq(want[1], want[2]))
-            x_equal = bool(torch.equal(got[0], want[0]))
-            us = graph_us(fn)
-            rows.append({"launch": launch or "rows_kernel_default", "us": us, "gbps": nbytes / us / 1e3,
-                         "rel_err_vs_ref": err, "residual_equal": x_equal})
-            print(f"  residual {str(launch or 'rows kernel'):<48} {us:6.2f} µs {nbytes / us / 1e3:6.0f} GB/s "
-                  f"err {err:.1e} x_equal {x_equal}")
-        except Exception as e:
-            rows.append({"launch": launch, "error": f"{type(e).__name__}: {e}"[:300]})
-            print(f"  residual {launch} FAILED {type(e).__name__}: {str(e)[:150]}")
-    ok = [r for r in rows if "us" in r and r["rel_err_vs_ref"] < 2e-2 and r["residual_equal"]]
-    return {"bytes": nbytes, "variants": rows, "best": min(ok, key=lambda r: r["us"]) if ok else None}
-
-
 def sweep_split_combine(cfg) -> dict:
     """The fused combine + O quantization over warps, and whether cuDNN takes the replicated queries as a
     stride-0 view (no copy at all) with the same result."""
@@ -351,7 +313,7 @@ def sweep_split_combine(cfg) -> dict:
         qc = q.transpose(0, 1).unsqueeze(0).repeat(p, 1, 1, 1)
         o, lse = _partial_sdpa(qc, k.view(p, S // p, h, d).permute(0, 2, 1, 3),
                                v.view(p, S // p, h, d).permute(0, 2, 1, 3), d ** -0.5)
-        for w in (1, 2, 4, 8):
+        for w in (4, 8, 16):
             res["us"][f"combine_quant_p{p}_w{w}"] = graph_us(lambda o=o, lse=lse, w=w: combine_quant(o, lse, bf, num_warps=w))
         res["us"][f"split_attention_fp8_p{p}"] = graph_us(lambda qc=qc: split_kv_attention_fp8(qc, k, v))
         qv = q.transpose(0, 1).unsqueeze(0).expand(p, h, n, d)
@@ -449,7 +411,7 @@ def engine(model, fast_w, backend):
 
 
 def time_variant(model, fast_w, cfg, backend, fast_accum, configs, warmup=8, chunks=10, prof=False,
-                 kv_splits=1, pdl=frozenset(), residual_launch=None) -> dict:
+                 kv_splits=1, pdl=frozenset()) -> dict:
     saved = dict(fq.DEFAULT_CONFIGS)
     if configs:
         fq.DEFAULT_CONFIGS.update(configs)
@@ -458,7 +420,6 @@ def time_variant(model, fast_w, cfg, backend, fast_accum, configs, warmup=8, chu
         eng.fast_accum = fast_accum
         eng.attn_kv_splits = kv_splits
         eng.pdl = pdl
-        eng.residual_launch = residual_launch
         gen = ChunkGenerator(cfg, mode="optimized", device=DEV, dtype=torch.bfloat16, model=eng, seed=0)
         ts = []
         for i in range(warmup + chunks):
@@ -470,14 +431,12 @@ def time_variant(model, fast_w, cfg, backend, fast_accum, configs, warmup=8, chu
             if i >= warmup:
                 ts.append(a.elapsed_time(b))
         out = {"backend": backend, "fast_accum": fast_accum, "kv_splits": kv_splits, "pdl": sorted(pdl),
-               "residual_launch": residual_launch,
                "configs": configs, "cublaslt_workspace": os.environ.get("CUBLASLT_WORKSPACE_SIZE", "default"),
                "median_ms": float(np.median(ts)),
                "ms": [round(t, 2) for t in ts], "graph_replays": eng.graph_replays}
         if prof:
             out["profile"] = profile_chunks(gen, cfg, warmup + chunks)
         print(f"  step ws={out['cublaslt_workspace']:<7} kv_splits={kv_splits} pdl={','.join(sorted(pdl)) or '-':<17} "
-              f"residual={'rows' if residual_launch is None else 'persistent'} "
               f"configs={'tuned' if configs else 'default'}"
               f" → {out['median_ms']:.1f} ms/chunk")
         if prof:
@@ -561,8 +520,7 @@ def main() -> None:
         section("attention", lambda: sweep_attention(cfg), res)
         section("gemms", lambda: sweep_gemms(cfg), res)
         save()
-    if "residual" in parts:
-        section("residual_persistent", lambda: sweep_residual_persistent(cfg), res)
+    if "split" in parts:
         section("split_combine", lambda: sweep_split_combine(cfg), res)
         save()
     if "launch" in parts or "launch_gemms" in parts:
@@ -593,17 +551,9 @@ def main() -> None:
             # A/B/A order on one lease: the repeated first variant shows the drift between runs. PDL after the
             # gate/up GEMM measured 9 µs slower per pair (the launch probe), so the subset leaves it out.
             sub = frozenset({"qkv", "attn", "o", "down"})
-            rb = (res.get("residual_persistent") or {}).get("best") or {}
-            pers = rb.get("launch") if isinstance(rb.get("launch"), dict) else None
-            out["residual_launch"] = pers
-            variants = [("image_fast_accum", {}), ("pdl_no_gate_up", {"pdl": sub})]
-            if pers:
-                variants += [("persistent_residual", {"residual_launch": pers}),
-                             ("persistent_residual_pdl", {"residual_launch": pers, "pdl": sub}),
-                             ("persistent_residual_kv_splits_4", {"residual_launch": pers, "kv_splits": 4}),
-                             ("persistent_residual_kv_splits_4_pdl", {"residual_launch": pers, "kv_splits": 4,
-                                                                      "pdl": sub})]
-            variants += [("kv_splits_4_pdl", {"kv_splits": 4, "pdl": sub}), ("image_fast_accum_again", {})]
+            variants = [("image_fast_accum", {}), ("pdl_no_gate_up", {"pdl": sub}), ("kv_splits_4", {"kv_splits": 4}),
+                        ("kv_splits_4_pdl_no_gate_up", {"kv_splits": 4, "pdl": sub}), ("kv_splits_2", {"kv_splits": 2}),
+                        ("image_fast_accum_again", {}), ("kv_splits_4_again", {"kv_splits": 4})]
             for name, kw in variants:
                 out[name] = time_variant(model, fast_w, cfg, "image", True, best, prof=True, **kw)
             return out

@@ -24,6 +24,18 @@ from vivant.worker.model import VideoDiT, init_random_
 from vivant.worker.tp import apply_tensor_parallel
 
 
+def _splits(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--attn-kv-splits must be an int >= 1 or 'auto', got {text!r}")
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="tiny", help="model preset (tiny | 57b)")
     p.add_argument("--mode", default="both", choices=["baseline", "optimized", "both"])
@@ -38,8 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="GPU: ring attention backend (auto: the fastest, measured in the run)")
     p.add_argument("--init", default="scaled", choices=["unit", "scaled"],
                    help="GPU: random init of the 57b shard (scaled: residual-writing projections / sqrt(2·layers))")
-    p.add_argument("--attn-kv-splits", type=int, default=1,
-                   help="GPU, image attention: slots in this many parts batched into one SDPA call (kernels/split_kv.py)")
+    p.add_argument("--attn-kv-splits", type=_splits, default="auto",
+                   help="GPU, image attention: slots in this many parts per attention call (kernels/split_kv.py), "
+                        "or auto (FastDiT's rule)")
+    p.add_argument("--pdl", default="", help="GPU: comma-separated FastDiT PDL sites (qkv, attn, o, gate_up, down)")
     p.add_argument("--fast-accum", action="store_true", help="GPU: cuBLASLt FP8 fast accumulation in the GEMMs")
     p.add_argument("--no-graphs", action="store_true", help="GPU: run passes eagerly (no CUDA graphs)")
     p.add_argument("--numerics-chunks", type=int, default=0, help="GPU: also compare modes over this many chunks")

@@ -13,8 +13,7 @@ writes each head row of the ring contiguously.
 Shapes: qkv [N, 3·H·D] (q heads | k heads | v heads, bf16/fp32, contiguous rows); q_weight, k_weight [D];
 cos, sin [N, D/2] float32 (adjacent-pair convention of vivant.kernels.rope); slots [N] int64 (distinct);
 ring k_cache, v_cache [S, H, D] float8_e4m3fn, k_scale, v_scale [S, H] float32, contiguous; images
-[S, H, D] bf16 (or None). Returns q_rot [N, H, D] in qkv's dtype (or, with q_copies = P, [P, H, N, D]: the
-split-KV attention's replicated queries, written by this kernel instead of a copy kernel).
+[S, H, D] bf16 (or None). Returns q_rot [N, H, D] in qkv's dtype.
 Per token: reads 3·H·D values, writes H·D (q_rot) + 2·H·D bytes (FP8) + 4·H·D bytes (images).
 
 FP8 rows follow vivant.kernels.fp8 (scale = max(amax, 1e-8)/448, IEEE division, round to nearest even; a
@@ -94,9 +93,8 @@ if triton is not None:
 
     @triton.jit
     def _qkv_ring_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, slot_ptr, q_out, kc_ptr, vc_ptr, ks_ptr, vs_ptr,
-                         ki_ptr, vi_ptr, stride_tok, H, eps, sq_tok, sq_h, sq_copy, D: tl.constexpr,
-                         BLOCK_H: tl.constexpr, IMAGE: tl.constexpr, HW_CAST: tl.constexpr,
-                         Q_COPIES: tl.constexpr = 1, PDL: tl.constexpr = False):
+                         ki_ptr, vi_ptr, stride_tok, H, eps, D: tl.constexpr, BLOCK_H: tl.constexpr,
+                         IMAGE: tl.constexpr, HW_CAST: tl.constexpr, PDL: tl.constexpr = False):
         if PDL:  # programmatic dependent launch: nothing is read or written before the predecessor is done
             gdc_wait()
         tok = tl.program_id(0)
@@ -115,10 +113,7 @@ if triton is not None:
         c = tl.load(cos_ptr + tok * (D // 2) + j)[None, :]
         s = tl.load(sin_ptr + tok * (D // 2) + j)[None, :]
         q_rot = rope_pairs_tl(rms_heads_tl(q, qw, D, eps), c, s, BLOCK_H, D)
-        q_rot = q_rot.to(q_out.dtype.element_ty)
-        q_offs = tok * sq_tok + hh[:, None] * sq_h + dd[None, :]
-        for cp in tl.static_range(Q_COPIES):  # [N, H, D], or P copies as [P, H, N, D] for the split-KV attention
-            tl.store(q_out + cp * sq_copy + q_offs, q_rot, mask=hm[:, None])
+        tl.store(q_out + tok * H * D + offs, q_rot.to(q_out.dtype.element_ty), mask=hm[:, None])
         k_rot = rope_pairs_tl(rms_heads_tl(k, kw, D, eps), c, s, BLOCK_H, D)
         ring = slot * H * D + offs  # [S, H, D] contiguous: the slot's H·D values are one run
         _fp8_head_rows(k_rot, kc_ptr + ring, ks_ptr + slot * H + hh, ki_ptr + ring, hm, IMAGE, HW_CAST)
@@ -157,40 +152,29 @@ def qkv_ring_write(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Te
                    sin: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    k_scale: torch.Tensor, v_scale: torch.Tensor, heads: int, eps: float = 1e-6, *,
                    k_image: torch.Tensor | None = None, v_image: torch.Tensor | None = None,
-                   backend: str = "auto", exact_rounding: bool = False, pdl: bool = False,
-                   q_copies: int = 1) -> torch.Tensor:
+                   backend: str = "auto", exact_rounding: bool = False, pdl: bool = False) -> torch.Tensor:
     """Normalize and rotate q and k, write k and v into the FP8 ring at `slots` (and the image); returns q_rot.
     exact_rounding: on a GPU, quantize with the twin's IEEE division + grid rounding instead of x·(1/scale) and
     the hardware conversion (codes then differ by at most one e4m3 step, where the two straddle a midpoint).
-    pdl: programmatic dependent launch on a Hopper GPU (vivant.kernels.backend.pdl_launch); ignored elsewhere.
-    q_copies > 1: q_rot is returned as [q_copies, H, N, D], the same values in each copy (the queries of the
-    split-KV attention, vivant.kernels.split_kv.split_kv_attention_fp8), written by the kernel itself."""
-    if isinstance(q_copies, bool) or not isinstance(q_copies, int) or q_copies < 1:
-        raise ValueError(f"qkv_ring_write: q_copies must be an int >= 1, got {q_copies!r}")
+    pdl: programmatic dependent launch on a Hopper GPU (vivant.kernels.backend.pdl_launch); ignored elsewhere."""
     _check(qkv, q_weight, k_weight, cos, sin, slots, k_cache, v_cache, k_scale, v_scale, heads, k_image, v_image)
     d = q_weight.shape[0]
     if d & (d - 1) and backend == "triton":
         raise ValueError(f"qkv_ring_write: the Triton kernel needs a power-of-two head_dim, got {d}")
     if d & (d - 1) or not use_triton("qkv_ring_write", backend, qkv.device):
-        q_rot = qkv_ring_write_ref(qkv, q_weight, k_weight, cos, sin, slots, k_cache, v_cache, k_scale, v_scale,
-                                   heads, eps, k_image=k_image, v_image=v_image)
-        return q_rot if q_copies == 1 else q_rot.transpose(0, 1).unsqueeze(0).repeat(q_copies, 1, 1, 1)
+        return qkv_ring_write_ref(qkv, q_weight, k_weight, cos, sin, slots, k_cache, v_cache, k_scale, v_scale, heads,
+                                  eps, k_image=k_image, v_image=v_image)
     if not all(t.is_contiguous() for t in (k_cache, v_cache, k_scale, v_scale)):
         raise ValueError("qkv_ring_write: the ring and its scales must be contiguous")
     n = qkv.shape[0]
-    if q_copies == 1:
-        q_out = torch.empty(n, heads, d, dtype=qkv.dtype, device=qkv.device)
-        sq = (heads * d, d, 0)
-    else:
-        q_out = torch.empty(q_copies, heads, n, d, dtype=qkv.dtype, device=qkv.device)
-        sq = (d, n * d, heads * n * d)
+    q_out = torch.empty(n, heads, d, dtype=qkv.dtype, device=qkv.device)
     if n == 0:
         return q_out
     image = k_image is not None
     ki, vi = (k_image, v_image) if image else (k_cache, v_cache)  # unused pointers when IMAGE is off
     extra = dict(PDL=True, launch_pdl=True) if pdl_launch(pdl, qkv.device) else {}
     _qkv_ring_kernel[(n,)](qkv, q_weight, k_weight, cos.contiguous().float(), sin.contiguous().float(), slots, q_out,
-                           k_cache, v_cache, k_scale, v_scale, ki, vi, qkv.stride(0), heads, eps, *sq, D=d,
-                           BLOCK_H=triton.next_power_of_2(heads), IMAGE=image, Q_COPIES=q_copies,
+                           k_cache, v_cache, k_scale, v_scale, ki, vi, qkv.stride(0), heads, eps, D=d,
+                           BLOCK_H=triton.next_power_of_2(heads), IMAGE=image,
                            HW_CAST=qkv.is_cuda and not exact_rounding, num_warps=4, **extra)
     return q_out

@@ -12,8 +12,9 @@ Shapes: q [N, H, D]; images k, v [S, H, D] (S divisible by `splits`); partial ou
 (any strides), lse [splits, H, N] float32; out [N, H, D] in q's dtype. The combine reads splits·N·H·(D·2 + 4)
 bytes and writes N·H·D·2. `combine_splits_ref` is its float32 twin.
 
-The engine's form, `split_kv_attention_fp8(q_parts, k, v)`, takes the queries already replicated per part
-(q_parts [P, H, N, D], which the QKV → ring kernel writes directly, so no copy kernel runs) and fuses the O
+The engine's form, `split_kv_attention_fp8(q_parts, k, v)`, takes the queries per part as q_parts [P, H, N, D],
+a stride-0 expand view of q (cuDNN reads it as given: bit-equal to a copied q and faster on the H200, so no
+copy kernel runs), and fuses the O
 projection's input quantization into the combine: one program per token combines its H·D values, rounds them
 to q's dtype and writes FP8 codes [N, H·D] with one float32 scale per token — exactly quant_rows of the
 unfused combine's output (`combine_quant_ref` is that twin). One kernel instead of the combine + quant_rows.
@@ -162,7 +163,7 @@ def split_kv_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, splits: int
     if not (k.is_contiguous() and v.is_contiguous()):
         raise ValueError("split_kv_sdpa: k and v must be contiguous [S, H, D] (the read image is)")
     scale = sm_scale if sm_scale is not None else D ** -0.5
-    qb = q.transpose(0, 1).unsqueeze(0).expand(splits, H, N, D).contiguous()  # [P, H, N, D]
+    qb = q.transpose(0, 1).unsqueeze(0).expand(splits, H, N, D)  # [P, H, N, D], a stride-0 view of q
     kb = k.view(splits, S // splits, H, D).permute(0, 2, 1, 3)  # [P, H, S/P, D], a view of the image
     vb = v.view(splits, S // splits, H, D).permute(0, 2, 1, 3)
     o, lse = _partial_sdpa(qb, kb, vb, scale)
@@ -173,7 +174,7 @@ _TL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float3
 
 
 def combine_quant(o: torch.Tensor, lse: torch.Tensor, dtype: torch.dtype, *, backend: str = "auto",
-                  exact_rounding: bool = False, pdl: bool = False, num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+                  exact_rounding: bool = False, pdl: bool = False, num_warps: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial outputs o [P, H, N, D] and lse [P, H, N] → (FP8 [N, H·D], float32 scales [N]), the combine
     rounded to `dtype` (what the unfused combine would store) and quantized per token. exact_rounding: the
     twin's IEEE division and grid rounding on a GPU (see vivant.kernels.fused_quant); pdl: programmatic
@@ -206,10 +207,10 @@ def combine_quant(o: torch.Tensor, lse: torch.Tensor, dtype: torch.dtype, *, bac
 
 def split_kv_attention_fp8(q_parts: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
                            *, backend: str = "auto", exact_rounding: bool = False, pdl: bool = False,
-                           combine_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+                           combine_warps: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of the queries over every slot of k, v [S, H, D], the slots in P equal parts, with the output
-    quantized for the O projection. q_parts [P, H, N, D]: the queries replicated per part (the QKV → ring
-    kernel writes this layout, `q_copies=P`). Returns (FP8 [N, H·D], float32 scales [N])."""
+    quantized for the O projection. q_parts [P, H, N, D]: the queries for each part (the engine passes
+    q.transpose(0, 1).expand(P, H, N, D), a view). Returns (FP8 [N, H·D], float32 scales [N])."""
     if q_parts.dim() != 4:
         raise ValueError(f"split_kv_attention_fp8: q_parts must be [P, H, N, D], got {tuple(q_parts.shape)}")
     P, H, N, D = q_parts.shape

@@ -51,11 +51,15 @@ def build_generator(cfg: ModelConfig, *, mode: str = "optimized", device: str | 
         raise ValueError(f"engine = 'fast' needs mode = 'optimized' (an FP8 ring cache), got mode = {mode!r}; "
                          "use engine = 'model' for the baseline")
 
+    from vivant.kernels.fp8_gemm import prefer_static_gemm_schedule
+
     from .fast_dit import FastDiT
     from .model import VideoDiT, init_random_
     from .weights import load_weights
 
     dtype = torch.bfloat16 if cuda else torch.float32
+    if cuda:  # before the first cuBLASLt GEMM of this process (kernels/fp8_gemm.py says why)
+        log.info("cuBLASLt workspace %s KiB", prefer_static_gemm_schedule())
     model = init_random_(VideoDiT(cfg), seed=seed)  # as ChunkGenerator builds it
     if weights is not None:
         load_weights(model, weights)

@@ -44,7 +44,6 @@ from vivant.kernels.fp8_gemm import fp8_linear, quantize_weight
 from vivant.kernels.fused_quant import ln_mod_quant, quant_rows, residual_ln_mod_quant, swiglu_quant
 from vivant.kernels.qk_norm_rope import qk_norm_rope
 from vivant.kernels.qkv_ring import qkv_ring_write
-from vivant.kernels.residual_persistent import residual_ln_mod_quant_persistent
 from vivant.kernels.ring_attention import ring_attention
 from vivant.kernels.rope import rope_angles
 from vivant.kernels.split_kv import split_kv_attention_fp8
@@ -56,19 +55,35 @@ from .model import VideoDiT, timestep_embedding
 log = logging.getLogger(__name__)
 
 
+def auto_kv_splits(tokens: int, heads: int, slots: int, sms: int, *, q_tile: int = 64, waves: int = 4,
+                   max_splits: int = 4) -> int:
+    """KV parts per attention call so that cuDNN's flash kernel (one CTA per q_tile queries × head × part; its
+    kernel name at these shapes says 64-query tiles) has at least `waves` CTAs per SM: the smallest such P ≤
+    max_splits that divides the slots, else 1. No SMs (CPU): 1. At 57b TP=4 (757 tokens, 16 heads, 5,788 slots,
+    132 SMs) one call is 192 CTAs, 1.45 waves: P = 4 (768 CTAs) measured 3 ms per chunk faster on an H200 and
+    P = 2 no faster (bench/results/tune_57b_tp4_rank0_h200_2026-11-29_*.json); whole-model TP=1 (64 heads, 768
+    CTAs) keeps one call."""
+    if sms <= 0:
+        return 1
+    ctas = -(-tokens // q_tile) * heads
+    for p in range(1, max_splits + 1):
+        if slots % p == 0 and ctas * p >= waves * sms:
+            return p
+    return 1
+
+
 class FastDiT:
     # the unfused step until `set_row_parallel_path` swaps it
     row_parallel = staticmethod(unfused_fp8_row_parallel)
     row_parallel_path = "gemm_then_all_reduce"
     fast_accum = False  # cuBLASLt FP8 fast accumulation in all four GEMMs (kernels/fp8_gemm.py); set before capture
-    attn_kv_splits = 1  # image backend: slots in this many parts per SDPA call (kernels/split_kv.py); before capture
+    # image backend: the slots in this many parts per attention call (kernels/split_kv.py), or "auto"
+    # (auto_kv_splits: enough parts to fill the GPU's SMs); set before capture
+    attn_kv_splits: int | str = "auto"
     # Triton kernels launched with programmatic dependent launch (kernels/backend.py), by the library kernel they
     # follow; set before capture. PDL_SITES: "qkv" (QKV GEMM → ring write), "attn" (attention → O quantization),
     # "o" (O GEMM → residual + norm2), "gate_up" (gate/up GEMM → SwiGLU), "down" (down GEMM → residual + norm1).
     pdl: frozenset[str] = frozenset()
-    # the residual + norm + FP8 step: None = fused_quant's one-program-per-row kernel; a dict of launch arguments
-    # (programs, stages, num_warps) = the persistent kernel (kernels/residual_persistent.py); set before capture
-    residual_launch: dict[str, int] | None = None
     PDL_SITES = frozenset({"qkv", "attn", "o", "gate_up", "down"})
 
     def __init__(self, model: VideoDiT, *, attn_backend: str = "triton", use_graphs: bool = True,
@@ -138,9 +153,10 @@ class FastDiT:
         if sink_pos is None:  # every graph-captured pass: QKV → q_rot, ring and image in one kernel
             q_rot = qkv_ring_write(qkv, blk.attn.q_norm.weight, blk.attn.k_norm.weight, s["cos"], s["sin"], s["slots"],
                                    cache.k[i], cache.v[i], cache.k_scale[i], cache.v_scale[i], h, eps=cfg.norm_eps,
-                                   k_image=images[0], v_image=images[1], pdl="qkv" in self.pdl, q_copies=splits)
+                                   k_image=images[0], v_image=images[1], pdl="qkv" in self.pdl)
             if splits > 1:  # the split-KV attention with the O projection's quantization fused into its combine
-                return split_kv_attention_fp8(q_rot, images[0], images[1], pdl="attn" in self.pdl)
+                q_parts = q_rot.transpose(0, 1).unsqueeze(0).expand(splits, h, n, d)  # a view: cuDNN reads it as is
+                return split_kv_attention_fp8(q_parts, images[0], images[1], pdl="attn" in self.pdl)
         else:  # chunk 0 (eager) also writes the sink at its own positions: the unfused kernels
             q_rot, k = qk_norm_rope(qkv, blk.attn.q_norm.weight, blk.attn.k_norm.weight, s["cos"], s["sin"], h,
                                     eps=cfg.norm_eps)
@@ -148,13 +164,23 @@ class FastDiT:
         img = images if self.attn_backend == "image" else (None, None)
         att = ring_attention(q_rot, cache.k[i], cache.v[i], cache.k_scale[i], cache.v_scale[i], s["valid"],
                              backend=self.attn_backend, all_valid=all_valid, k_image=img[0], v_image=img[1],
-                             kv_splits=self.attn_kv_splits)
+                             kv_splits=self._kv_splits(cache))
         return quant_rows(att.reshape(n, h * d), pdl="attn" in self.pdl)
 
-    def _graph_splits(self, cache: KVCache, all_valid: bool) -> int:
-        """KV parts of a graph pass's attention: attn_kv_splits where the fused split path applies (image
-        backend, every slot valid, parts dividing the slots), else 1 (ring_attention logs why not)."""
+    def _kv_splits(self, cache: KVCache) -> int:
+        """attn_kv_splits as a number ("auto" resolved by auto_kv_splits for this GPU and ring)."""
         p = self.attn_kv_splits
+        if p == "auto":
+            sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.device.type == "cuda" else 0
+            return auto_kv_splits(self.cfg.tokens_per_chunk, self.local_heads, cache.layout.slots, sms)
+        if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+            raise ValueError(f"FastDiT: attn_kv_splits must be an int >= 1 or 'auto', got {p!r}")
+        return p
+
+    def _graph_splits(self, cache: KVCache, all_valid: bool) -> int:
+        """KV parts of a graph pass's attention: the resolved attn_kv_splits where the fused split path applies
+        (image backend, every slot valid, parts dividing the slots), else 1."""
+        p = self._kv_splits(cache)
         ok = p > 1 and self.attn_backend == "image" and all_valid and cache.layout.slots % p == 0
         return p if ok else 1
 
@@ -177,21 +203,17 @@ class FastDiT:
             o8, o_s = self._attend(i, blk, fp8_linear(a8, a_s, wqkv, sqkv, fast_accum=fa), s, cache, sink_pos,
                                    all_valid)
             o = self.row_parallel(o8, o_s, wo, so, blk.attn.reduce, fast_accum=fa)
-            x, h8, h_s = self._residual(x, o, gate1, shift2, scale2, eps, "o" in pdl)  # x += g1·o; norm2; FP8
+            x, h8, h_s = residual_ln_mod_quant(x, o, gate1, shift2, scale2, eps=eps, pdl="o" in pdl)  # x += g1·o
             d8, d_s = swiglu_quant(fp8_linear(h8, h_s, wgu, sgu, fast_accum=fa), pdl="gate_up" in pdl)
             dn = self.row_parallel(d8, d_s, wdn, sdn, blk.mlp.reduce, fast_accum=fa)
             if i < last:  # x += g2·down, fused with the next block's norm1 + modulation + quantization
-                x, a8, a_s = self._residual(x, dn, gate2, mods[i + 1, 0], mods[i + 1, 1], eps, "down" in pdl)
+                x, a8, a_s = residual_ln_mod_quant(x, dn, gate2, mods[i + 1, 0], mods[i + 1, 1], eps=eps,
+                                                   pdl="down" in pdl)
             else:
                 x = x + gate2 * dn
         shift, scale = s["final_mod"].unbind(0)
         x = m.final_norm(x) * (1 + scale) + shift
         return m.unpatchify(m.out(x[: cfg.video_tokens]).float())
-
-    def _residual(self, x, y, gate, shift, scale, eps, pdl: bool):
-        if self.residual_launch is None:
-            return residual_ln_mod_quant(x, y, gate, shift, scale, eps=eps, pdl=pdl)
-        return residual_ln_mod_quant_persistent(x, y, gate, shift, scale, eps, pdl=pdl, **self.residual_launch)
 
     def _modulation(self, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Every block's adaLN modulation [L, 6, d] and the final layer's (shift, scale) [2, d] at noise level

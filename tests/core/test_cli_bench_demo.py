@@ -33,6 +33,12 @@ def test_unknown_command_and_preset_errors():
     assert res.returncode != 0 and "unknown preset 'huge'" in res.stderr
 
 
+def test_bench_step_attn_kv_splits_named_when_bad():
+    for bad in ("0", "two"):
+        res = vivant("bench", "step", "--preset", "tiny", "--attn-kv-splits", bad)
+        assert res.returncode == 2 and "--attn-kv-splits must be an int >= 1 or 'auto'" in res.stderr, res.stderr
+
+
 def test_demo_writes_requested_seconds_at_24fps(tmp_path):
     out = tmp_path / "demo.mp4"
     res = vivant("demo", "--seconds", "1", "--out", str(out))

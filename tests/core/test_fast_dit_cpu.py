@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from vivant.worker.config import ModelConfig
-from vivant.worker.fast_dit import FastDiT
+from vivant.worker.fast_dit import FastDiT, auto_kv_splits
 from vivant.worker.generator import ChunkGenerator
 from vivant.worker.model import VideoDiT, init_random_
 
@@ -121,7 +121,7 @@ def test_split_kv_path_matches_the_single_call(setup, monkeypatch, splits, taken
     if taken:
         assert calls, "the split-KV path never ran although every slot became valid"
         assert calls[0] == (splits, cfg.n_heads, cfg.tokens_per_chunk, cfg.head_dim), \
-            f"queries not replicated per part: {calls[0]}"
+            f"queries not given per part: {calls[0]}"
     else:
         assert not calls, f"{splits} parts do not divide {cfg.cache_slots} slots, yet the split path ran"
 
@@ -135,13 +135,24 @@ def test_unknown_pdl_site_is_named(setup):
              ModelConfig.from_name("tiny"), 1)
 
 
-def test_persistent_residual_kernel_gives_the_same_chunks(setup):
-    """residual_launch selects the persistent residual + norm + FP8 kernel; on CPU both forms run the same twin,
-    so the chunks must be identical (the kernels themselves are compared in tests/kernels)."""
+
+@pytest.mark.parametrize("tokens, heads, slots, sms, want", [
+    (757, 16, 5788, 132, 4),  # 57b TP=4 on an H200: 192 CTAs per call → 4 parts (768 ≥ 4 waves)
+    (757, 64, 5788, 132, 1),  # whole model: 768 CTAs already
+    (757, 32, 5788, 132, 2),  # TP=2: 384 CTAs → 2 parts
+    (757, 16, 5787, 132, 3),  # 3 parts divide 5,787 slots: 576 CTAs ≥ 528
+    (757, 16, 5791, 132, 1),  # a prime slot count: nothing divides it
+    (27, 4, 91, 0, 1),  # no SMs (CPU)
+])
+def test_auto_kv_splits(tokens, heads, slots, sms, want):
+    got = auto_kv_splits(tokens, heads, slots, sms)
+    assert got == want, f"auto_kv_splits({tokens}, {heads}, {slots}, {sms}) = {got}, expected {want}"
+
+
+@pytest.mark.parametrize("bad", [0, -1, "four", True])
+def test_bad_attn_kv_splits_named(setup, bad):
     cfg, model = setup
-    a = FastDiT(model, attn_backend="image", use_graphs=False)
-    b = FastDiT(model, attn_backend="image", use_graphs=False)
-    b.residual_launch = {"programs": 4, "stages": 2, "num_warps": 4}
-    got = _run(ChunkGenerator(cfg, mode="optimized", model=b, seed=2), cfg, 3)
-    want = _run(ChunkGenerator(cfg, mode="optimized", model=a, seed=2), cfg, 3)
-    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), "persistent residual changed the chunks"
+    fast = FastDiT(model, attn_backend="image", use_graphs=False)
+    fast.attn_kv_splits = bad
+    with pytest.raises(ValueError, match="attn_kv_splits must be an int >= 1 or 'auto'"):
+        _run(ChunkGenerator(cfg, mode="optimized", model=fast, seed=2), cfg, 1)

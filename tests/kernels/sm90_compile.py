@@ -66,10 +66,9 @@ def main() -> int:
     ring_types = {"qkv_ptr": "*bf16", "qw_ptr": "*bf16", "kw_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
                   "slot_ptr": "*i64", "q_out": "*bf16", "kc_ptr": "*fp8e4nv", "vc_ptr": "*fp8e4nv", "ks_ptr": "*fp32",
                   "vs_ptr": "*fp32", "ki_ptr": "*bf16", "vi_ptr": "*bf16", "stride_tok": "i32", "H": "i32",
-                  "eps": "fp32", "sq_tok": "i32", "sq_h": "i32", "sq_copy": "i32"}
+                  "eps": "fp32"}
     report["pdl qkv_ring"] = pdl_report(qkv_ring._qkv_ring_kernel, ring_types,
-                                        {"D": 128, "BLOCK_H": 16, "IMAGE": True, "HW_CAST": True, "Q_COPIES": 4,
-                                         "PDL": True})
+                                        {"D": 128, "BLOCK_H": 16, "IMAGE": True, "HW_CAST": True, "PDL": True})
     for tokens, pos, cache, fp8 in (
         ("*bf16", "*i64", "*fp8e4nv", True),
         ("*fp32", "*i32", "*fp32", False),

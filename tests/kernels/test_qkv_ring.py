@@ -87,32 +87,6 @@ def test_triton_matches_twin(case):
             assert torch.equal(t, ring[f"{x}_{part}"][untouched]), f"{x}_{part}: a slot outside `slots` was written"
 
 
-@pytest.mark.parametrize("copies", [2, 3])
-@needs_triton_cpu
-def test_q_copies_layout(copies):
-    """q_copies = P: the kernel writes q_rot as [P, H, N, D] (the split-KV attention's queries), each copy equal
-    to the [N, H, D] result of the plain call; the ring is written the same way."""
-    c = CASES["odd_h3_d16_bf16"]
-    args, ring, _ = make(c, seed=12)
-    q1, r1 = run(qkv_ring_write, args, ring, c, backend="triton")
-    qp, rp = run(qkv_ring_write, args, ring, c, backend="triton", q_copies=copies)
-    qr, _ = run(qkv_ring_write, args, ring, c, backend="torch", q_copies=copies)
-    assert qp.shape == (copies, c.h, c.n, c.d) and qp.is_contiguous(), f"layout {tuple(qp.shape)} {qp.stride()}"
-    assert qr.shape == qp.shape, f"the torch fallback's layout {tuple(qr.shape)} differs from the kernel's"
-    for p in range(copies):
-        assert torch.equal(qp[p], q1.transpose(0, 1)), f"copy {p} differs from the plain call's q_rot"
-    for k in r1:
-        assert torch.equal(rp[k].float(), r1[k].float()), f"{k} written differently with q_copies={copies}"
-
-
-@pytest.mark.parametrize("copies", [0, -2, 1.0, True])
-def test_q_copies_must_be_a_positive_int(copies):
-    c = CASES["odd_h3_d16_bf16"]
-    args, ring, _ = make(c, seed=1)
-    with pytest.raises(ValueError, match="q_copies must be an int >= 1"):
-        run(qkv_ring_write, args, ring, c, q_copies=copies)
-
-
 def test_twin_equals_the_three_kernel_path():
     """qk_norm_rope + write_kv (RoPE of k at its positions) + dequantization: the same up to k's bf16 hop."""
     c = Case(n=37, h=3, d=32, s=90, dtype=torch.float32)

@@ -83,12 +83,12 @@ def test_combine_quant_twin_is_quant_rows_of_the_combine():
 
 
 def test_split_attention_fp8_equals_quantized_single_call():
-    """The engine's form: replicated queries [P, H, N, D] → FP8 rows of attention over every slot."""
+    """The engine's form: the queries per part as a stride-0 view [P, H, N, D] → FP8 rows over every slot."""
     g = torch.Generator().manual_seed(8)
     n, h, d, s, p = 37, 3, 32, 96, 3
     q = torch.randn(n, h, d, generator=g)
     k, v = (torch.randn(s, h, d, generator=g) for _ in range(2))
-    q8, qs = split_kv_attention_fp8(q.transpose(0, 1).unsqueeze(0).repeat(p, 1, 1, 1), k, v)
+    q8, qs = split_kv_attention_fp8(q.transpose(0, 1).unsqueeze(0).expand(p, h, n, d), k, v)
     one = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
                                                            v.transpose(0, 1)[None])[0].transpose(0, 1)
     assert_close(q8.float() * qs[:, None], one.reshape(n, h * d), rel_rms=4e-2, max_abs=0.1,
@@ -207,7 +207,7 @@ def test_gpu_57b_split_attention_fp8(splits):
     n, h, d, s = 757, 16, 128, 5788
     q = torch.randn(n, h, d, generator=g).cuda().to(torch.bfloat16)
     k, v = (torch.randn(s, h, d, generator=g).cuda().to(torch.bfloat16) for _ in range(2))
-    q8, qs = split_kv_attention_fp8(q.transpose(0, 1).unsqueeze(0).repeat(splits, 1, 1, 1).contiguous(), k, v)
+    q8, qs = split_kv_attention_fp8(q.transpose(0, 1).unsqueeze(0).expand(splits, h, n, d), k, v)
     one = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
                                                            v.transpose(0, 1)[None])[0].transpose(0, 1)
     assert_close((q8.float() * qs[:, None]).cpu(), one.reshape(n, h * d).float().cpu(), rel_rms=4e-2, max_abs=0.05,
