@@ -449,6 +449,49 @@ def time_variant(model, fast_w, cfg, backend, fast_accum, configs, warmup=8, chu
         fq.DEFAULT_CONFIGS.update(saved)
 
 
+def timeline(model, fast_w, cfg, chunks=12, warmup=6) -> dict:
+    """Where a chunk's wall time goes outside the graphs: CUDA events at the chunk's start, around each pass
+    (engine call) and at its end, so host preparation before the first pass, the gaps between passes and the
+    tail after the last one are measured without a profiler (which slows the host)."""
+    eng = engine(model, fast_w, "image")
+    eng.fast_accum = True
+    gen = ChunkGenerator(cfg, mode="optimized", device=DEV, dtype=torch.bfloat16, model=eng, seed=0)
+    marks: list = []
+    real_call = type(eng).__call__
+
+    def call(self, *a, **k):
+        e0 = torch.cuda.Event(enable_timing=True)
+        e0.record()
+        out = real_call(self, *a, **k)
+        e1 = torch.cuda.Event(enable_timing=True)
+        e1.record()
+        marks.append((e0, e1))
+        return out
+
+    type(eng).__call__ = call
+    rows = []
+    try:
+        for i in range(warmup + chunks):
+            marks.clear()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            gen.generate_chunk(_audio(cfg, i), cfg.audio_sample_rate)
+            b.record()
+            torch.cuda.synchronize()
+            if i >= warmup:
+                passes = [e0.elapsed_time(e1) for e0, e1 in marks]
+                between = [marks[j][1].elapsed_time(marks[j + 1][0]) for j in range(len(marks) - 1)]
+                rows.append({"wall": a.elapsed_time(b), "before_first_pass": a.elapsed_time(marks[0][0]),
+                             "passes": passes, "between_passes": between, "after_last_pass": marks[-1][1].elapsed_time(b)})
+    finally:
+        type(eng).__call__ = real_call
+    med = {k: float(np.median([r[k] for r in rows])) for k in ("wall", "before_first_pass", "after_last_pass")}
+    med["passes_sum"] = float(np.median([sum(r["passes"]) for r in rows]))
+    med["between_passes_sum"] = float(np.median([sum(r["between_passes"]) for r in rows]))
+    print(f"  timeline (median ms per chunk): {med}")
+    return {"median_ms": med, "chunks": rows}
+
+
 # ---- 3. numerics probes -----------------------------------------------------------------------------------
 def numerics_probe(init: str, chunks: int, backend: str) -> dict:
 
@@ -558,6 +601,12 @@ def main() -> None:
                 out[name] = time_variant(model, fast_w, cfg, "image", True, best, prof=True, **kw)
             return out
         section("step", step, res)
+        save()
+    if "timeline" in parts:
+        def tl():
+            model, fast_w = build_rank(cfg, 4, 0, keep_bf16=False)
+            return timeline(model, fast_w, cfg)
+        section("timeline", tl, res)
         save()
     if "numerics" in parts:
         section("numerics_scaled", lambda: numerics_probe("scaled", args.numerics_chunks, "image"), res)
