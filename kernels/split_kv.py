@@ -57,6 +57,23 @@ def combine_quant_ref(o: torch.Tensor, lse: torch.Tensor, dtype: torch.dtype) ->
 if triton is not None:
 
     @triton.jit
+    def _combine_parts(o_ptr, lse_ptr, lse_offs, o_offs, rmask, so_p, sl_p, SPLITS: tl.constexpr):
+        """Σ_p exp(lse_p − m)·o_p / Σ_p exp(lse_p − m), m = max_p lse_p, over rows selected by lse_offs [R] and
+        o_offs [R, D] (part p at + p·sl_p / + p·so_p); float32 [R, D]. Rows that no part saw give 0."""
+        m = tl.full(lse_offs.shape, float("-inf"), tl.float32)
+        for p in tl.static_range(SPLITS):
+            m = tl.maximum(m, tl.load(lse_ptr + p * sl_p + lse_offs, mask=rmask, other=float("-inf")))
+        m = tl.where(m == float("-inf"), 0.0, m)
+        num = tl.zeros(o_offs.shape, tl.float32)
+        den = tl.zeros(lse_offs.shape, tl.float32)
+        for p in tl.static_range(SPLITS):
+            w = tl.exp(tl.load(lse_ptr + p * sl_p + lse_offs, mask=rmask, other=float("-inf")) - m)
+            o = tl.load(o_ptr + p * so_p + o_offs, mask=rmask[:, None], other=0.0)
+            num += o.to(tl.float32) * w[:, None]
+            den += w
+        return num / tl.where(den == 0.0, 1.0, den)[:, None]
+
+    @triton.jit
     def _combine_quant_kernel(o_ptr, lse_ptr, q_ptr, s_ptr, H, so_p, so_h, so_n, sl_p, sl_h,
                               SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr,
                               OUT_DTYPE: tl.constexpr, HW_CAST: tl.constexpr, PDL: tl.constexpr):
@@ -67,18 +84,8 @@ if triton is not None:
         hh = tl.arange(0, BLOCK_H)
         dd = tl.arange(0, D)
         hm = hh < H
-        m = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        for p in tl.static_range(SPLITS):
-            m = tl.maximum(m, tl.load(lse_ptr + p * sl_p + hh * sl_h + n, mask=hm, other=float("-inf")))
-        m = tl.where(m == float("-inf"), 0.0, m)
-        num = tl.zeros([BLOCK_H, D], tl.float32)
-        den = tl.zeros([BLOCK_H], tl.float32)
-        for p in tl.static_range(SPLITS):
-            w = tl.exp(tl.load(lse_ptr + p * sl_p + hh * sl_h + n, mask=hm, other=float("-inf")) - m)
-            o = tl.load(o_ptr + p * so_p + hh[:, None] * so_h + n * so_n + dd[None, :], mask=hm[:, None], other=0.0)
-            num += o.to(tl.float32) * w[:, None]
-            den += w
-        out = num / tl.where(den == 0.0, 1.0, den)[:, None]
+        out = _combine_parts(o_ptr + n * so_n, lse_ptr + n, hh * sl_h, hh[:, None] * so_h + dd[None, :], hm, so_p, sl_p,
+                             SPLITS)
         if OUT_DTYPE == tl.bfloat16 and not HW_CAST:  # the interpreter's bf16 cast truncates: round to nearest first
             out = bf16_grid_tl(out)
         out = out.to(OUT_DTYPE).to(tl.float32)
@@ -94,23 +101,13 @@ if triton is not None:
     @triton.jit
     def _combine_kernel(o_ptr, lse_ptr, out_ptr, N, H, so_p, so_h, so_n, sl_p, sl_h, SPLITS: tl.constexpr,
                         D: tl.constexpr, BLOCK_N: tl.constexpr):
-        # one program per (block of BLOCK_N queries, head); the parts are summed in float32
+        # one program per (block of BLOCK_N queries, head)
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         h = tl.program_id(1)
         d = tl.arange(0, D)
         nm = n < N
-        m = tl.full([BLOCK_N], float("-inf"), tl.float32)
-        for p in tl.static_range(SPLITS):
-            m = tl.maximum(m, tl.load(lse_ptr + p * sl_p + h * sl_h + n, mask=nm, other=float("-inf")))
-        m = tl.where(m == float("-inf"), 0.0, m)
-        num = tl.zeros([BLOCK_N, D], tl.float32)
-        den = tl.zeros([BLOCK_N], tl.float32)
-        for p in tl.static_range(SPLITS):
-            w = tl.exp(tl.load(lse_ptr + p * sl_p + h * sl_h + n, mask=nm, other=float("-inf")) - m)
-            o = tl.load(o_ptr + p * so_p + h * so_h + n[:, None] * so_n + d[None, :], mask=nm[:, None], other=0.0)
-            num += o.to(tl.float32) * w[:, None]
-            den += w
-        out = num / tl.where(den == 0.0, 1.0, den)[:, None]
+        out = _combine_parts(o_ptr + h * so_h, lse_ptr + h * sl_h, n, n[:, None] * so_n + d[None, :], nm, so_p, sl_p,
+                             SPLITS)
         tl.store(out_ptr + n[:, None] * (H * D) + h * D + d[None, :], out.to(out_ptr.dtype.element_ty),
                  mask=nm[:, None])
 

@@ -16,7 +16,7 @@ from collections import Counter
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from vivant.kernels import cache_write, delta_rotate, fused_quant, qkv_ring
+from vivant.kernels import cache_write, delta_rotate, fused_quant, qkv_ring, split_kv
 
 TARGET = GPUTarget("cuda", 90, 32)
 # The 57b head: D=128, rope_dims (44, 42, 42) -> 64 pairs, 22 t-band pairs, 43 t+h pairs.
@@ -67,6 +67,11 @@ def main() -> int:
                   "slot_ptr": "*i64", "q_out": "*bf16", "kc_ptr": "*fp8e4nv", "vc_ptr": "*fp8e4nv", "ks_ptr": "*fp32",
                   "vs_ptr": "*fp32", "ki_ptr": "*bf16", "vi_ptr": "*bf16", "stride_tok": "i32", "H": "i32",
                   "eps": "fp32"}
+    combine_types = {"o_ptr": "*bf16", "lse_ptr": "*fp32", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "H": "i32",
+                     "so_p": "i32", "so_h": "i32", "so_n": "i32", "sl_p": "i32", "sl_h": "i32"}
+    report["pdl combine_quant"] = pdl_report(
+        split_kv._combine_quant_kernel, combine_types,
+        {"SPLITS": 4, "BLOCK_H": 16, "D": 128, "OUT_DTYPE": triton.language.bfloat16, "HW_CAST": True, "PDL": True})
     report["pdl qkv_ring"] = pdl_report(qkv_ring._qkv_ring_kernel, ring_types,
                                         {"D": 128, "BLOCK_H": 16, "IMAGE": True, "HW_CAST": True, "PDL": True})
     for tokens, pos, cache, fp8 in (
