@@ -11,6 +11,7 @@ per-rank GEMMs (757 tokens: QKV, O, gate+up, down).
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 import torch
@@ -156,3 +157,16 @@ def test_gpu_cublas_matches_reference_at_57b_shapes(shape, monkeypatch):
     assert got.dtype == torch.bfloat16 and got.shape == (m, n), f"{got.dtype} {tuple(got.shape)}"
     want = fp8_linear_ref(a, sa, wq, sw)
     assert_close(got, want, rel_rms=1e-2, max_abs=5e-2 * want.abs().max().item(), what=f"fp8_linear cublas {shape}")
+
+
+class TestStaticGemmSchedule:
+    """prefer_static_gemm_schedule asks torch for no cuBLASLt workspace, unless the operator already chose one."""
+
+    def test_sets_zero_when_unset(self, monkeypatch):
+        monkeypatch.delenv(fp8_gemm_mod.CUBLASLT_WORKSPACE_ENV, raising=False)
+        assert fp8_gemm_mod.prefer_static_gemm_schedule() == "0"
+        assert os.environ[fp8_gemm_mod.CUBLASLT_WORKSPACE_ENV] == "0", "the variable torch reads was not set"
+
+    def test_keeps_an_explicit_value(self, monkeypatch):
+        monkeypatch.setenv(fp8_gemm_mod.CUBLASLT_WORKSPACE_ENV, "4096")
+        assert fp8_gemm_mod.prefer_static_gemm_schedule() == "4096", "an operator's workspace size was overridden"
