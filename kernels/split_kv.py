@@ -3,10 +3,12 @@ takes as a batch, then one kernel that combines the partial outputs by their log
 
 Why: at 57b TP=4 one attention call is 757 queries × 16 heads over 5,788 keys. By its kernel name cuDNN's
 SDPA tiles 64 queries per CTA: 12 × 16 = 192 CTAs for 132 SMs, 1.45 waves, so about a quarter of the
-machine idles in the second wave. With the keys in two halves batched into one call the same work comes
-as 384 half-length CTAs (2.9 waves). The halves' outputs o_i [N, D] and log-sum-exps l_i (natural log of
-Σ exp(scaled logits)) combine exactly: out = Σ_i exp(l_i − m)·o_i / Σ_i exp(l_i − m), m = max_i l_i.
-Whether the split is faster on a given GPU is measured (bench/gpu_tune.py); the engine's default is no split.
+machine idles in the second wave. With the keys in P parts batched into one call the same work comes as
+P·192 shorter CTAs. The parts' outputs o_i [N, D] and log-sum-exps l_i (natural log of Σ exp(scaled logits))
+combine exactly: out = Σ_i exp(l_i − m)·o_i / Σ_i exp(l_i − m), m = max_i l_i. Measured on H200s
+(bench/gpu_tune.py, docs/BENCHMARKS.md): 4 parts take the step's attention from 22.3 to 19.4 ms per chunk and
+the chunk ~0.5 ms faster after the combine; 2 parts gain nothing. The engine picks P with
+vivant.worker.fast_dit.auto_kv_splits.
 
 Shapes: q [N, H, D]; images k, v [S, H, D] (S divisible by `splits`); partial outputs o [splits, H, N, D]
 (any strides), lse [splits, H, N] float32; out [N, H, D] in q's dtype. The combine reads splits·N·H·(D·2 + 4)
@@ -14,10 +16,10 @@ bytes and writes N·H·D·2. `combine_splits_ref` is its float32 twin.
 
 The engine's form, `split_kv_attention_fp8(q_parts, k, v)`, takes the queries per part as q_parts [P, H, N, D],
 a stride-0 expand view of q (cuDNN reads it as given: bit-equal to a copied q and faster on the H200, so no
-copy kernel runs), and fuses the O
-projection's input quantization into the combine: one program per token combines its H·D values, rounds them
-to q's dtype and writes FP8 codes [N, H·D] with one float32 scale per token — exactly quant_rows of the
-unfused combine's output (`combine_quant_ref` is that twin). One kernel instead of the combine + quant_rows.
+copy kernel runs), and fuses the O projection's input quantization into the combine: one program per token
+combines its H·D values, rounds them to q's dtype and writes FP8 codes [N, H·D] with one float32 scale per
+token — exactly quant_rows of the unfused combine's output (`combine_quant_ref` is that twin). One kernel
+instead of the combine + quant_rows.
 """
 
 from __future__ import annotations
