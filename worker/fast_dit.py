@@ -12,8 +12,10 @@ weights (quantized once to FP8 e4m3 with one scale per output channel), same KV 
                             unfused qk_norm_rope + write_kv + image refresh)
   ring_attention            over the ring: "image" = cuDNN SDPA over the read image (bf16 copy of the FP8
                             ring kept current at write time), or the Triton FP8 kernel / per-call
-                            dequantization + SDPA (kernels/ring_attention.py)
-  quant_rows → o GEMM       757×2048 · 2048×8192, then the TP all-reduce
+                            dequantization + SDPA (kernels/ring_attention.py); with every slot valid the image
+                            attention runs in attn_kv_splits KV parts ("auto": 4 at 57b TP=4), and the parts'
+                            combine also quantizes the output for the O GEMM (kernels/split_kv.py)
+  quant_rows → o GEMM       757×2048 · 2048×8192, then the TP all-reduce (quant_rows only without the split)
   residual_ln_mod_quant     x += gate·o fused with norm2 + modulation + FP8 rows
   gate_up GEMM              757×8192 · 8192×13824
   swiglu_quant → down       757×6912 · 6912×8192, then the TP all-reduce
