@@ -11,28 +11,28 @@ def load(name: str) -> dict:
     return json.loads((R / name).read_text())
 
 
-d = load("step_57b_tp4_rank0_h200_2026-11-29.json")
-rep = load("step_57b_tp4_rank0_h200_2026-11-29_repeat.json")
-post = load("step_57b_tp4_rank0_h200_2026-11-29_after-refactor.json")
-pre_sync = load("step_57b_tp4_rank0_h200_2026-11-29_before-host-sync-fix.json")
-pre_mod = load("step_57b_tp4_rank0_h200_2026-11-29_before-modulation-cache.json")
-prev = load("step_57b_tp4_rank0_h200_2026-11-29_previous-engine.json")
+def tp4(tag: str = "") -> dict:
+    return load(f"step_57b_tp4_rank0_h200_2026-11-29{'_' + tag if tag else ''}.json")
+
+
+def tune(tag: str) -> dict:
+    return load(f"tune_57b_tp4_rank0_h200_2026-11-29_{tag}.json")
+
+
+d, rep, post = tp4(), tp4("repeat"), tp4("after-refactor")
+pre_sync, pre_mod, prev = tp4("before-host-sync-fix"), tp4("before-modulation-cache"), tp4("previous-engine")
 t1_old = load("step_57b_tp1_h200_2026-11-29.json")
 t1 = load("step_57b_tp1_h200_2026-11-29_final.json")
-lease = {k: load(f"step_57b_tp4_rank0_h200_2026-11-29_final_lease-{k.lower()}.json") for k in "DEF"}
-lease_g = load("step_57b_tp4_rank0_h200_2026-11-29_prefetch-v1_lease-g.json")
-fd = lease["D"]
-t5, t6, t6w, t8 = (load(f"tune_57b_tp4_rank0_h200_2026-11-29_{x}.json") for x in
-                   ("fifth", "sixth", "sixth_cublaslt_ws0", "eighth"))
-t5w = load("tune_57b_tp4_rank0_h200_2026-11-29_fifth_cublaslt_ws0.json")
-tl0 = load("tune_57b_tp4_rank0_h200_2026-11-29_timeline.json")["timeline"]["median_ms"]
-tl1 = load("tune_57b_tp4_rank0_h200_2026-11-29_timeline_prefetch.json")["timeline"]["median_ms"]
 t1_prev = load("step_57b_tp1_h200_2026-11-29_previous-engine.json")
+lease = {k: tp4(f"final_lease-{k.lower()}") for k in "DEF"}
+lease_g = tp4("prefetch-v1_lease-g")
+fd = lease["D"]
+tune1, tune2, tune3 = tune("first"), tune("second"), tune("third")
+t5, t5w, t6, t6w, t8 = (tune(x) for x in ("fifth", "fifth_cublaslt_ws0", "sixth", "sixth_cublaslt_ws0", "eighth"))
+tl0 = tune("timeline")["timeline"]["median_ms"]
+tl1 = tune("timeline_prefetch")["timeline"]["median_ms"]
 dec = load("decode_57b_h200_2026-11-29.json")
 tp2 = load("tp2_57b_shapes_h200x2_2026-11-29.json")
-tune1 = load("tune_57b_tp4_rank0_h200_2026-11-29_first.json")
-tune2 = load("tune_57b_tp4_rank0_h200_2026-11-29_second.json")
-tune3 = load("tune_57b_tp4_rank0_h200_2026-11-29_third.json")
 t3s = tune3["step"]
 t2a, t2b = tp2["ranks"]
 c, g, bb, n = d["components_ms_per_call"], d["gemm_ceiling"], d["baseline_breakdown_ms"], d["numerics"]

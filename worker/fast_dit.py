@@ -143,20 +143,23 @@ class FastDiT:
         return path
 
     # ---- one pass, reading only static buffers -------------------------------------------------------
-    def _attend(self, i, blk, qkv, s, cache: KVCache, sink_pos, all_valid) -> tuple[torch.Tensor, torch.Tensor]:
-        """The chunk's attention for block i, quantized for the O projection: (FP8 [N, H·D], scales [N])."""
+    def _attend(self, i, blk, qkv, s, cache: KVCache, sink_pos, all_valid,
+                splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chunk's attention for block i, quantized for the O projection: (FP8 [N, H·D], scales [N]).
+        splits: the resolved attn_kv_splits (_kv_splits, once per pass)."""
         cfg, n, h, d = self.cfg, qkv.shape[0], self.local_heads, self.cfg.head_dim
         v = qkv.view(n, 3, h, d)[:, 2]
         if cache.mode == "baseline":  # the original per-call whole-cache work, same GEMMs (numerics reference)
             q, k = qkv.view(n, 3, h, d)[:, 0], qkv.view(n, 3, h, d)[:, 1]
             return quant_rows(cache.attend(i, blk.attn.q_norm(q), blk.attn.k_norm(k), v).reshape(n, h * d))
         images = (cache.k_image[i], cache.v_image[i]) if cache.k_image is not None else (None, None)
-        splits = self._graph_splits(cache, all_valid) if sink_pos is None else 1
         if sink_pos is None:  # every graph-captured pass: QKV → q_rot, ring and image in one kernel
             q_rot = qkv_ring_write(qkv, blk.attn.q_norm.weight, blk.attn.k_norm.weight, s["cos"], s["sin"], s["slots"],
                                    cache.k[i], cache.v[i], cache.k_scale[i], cache.v_scale[i], h, eps=cfg.norm_eps,
                                    k_image=images[0], v_image=images[1], pdl="qkv" in self.pdl)
-            if splits > 1:  # the split-KV attention with the O projection's quantization fused into its combine
+            # the split-KV attention with the O projection's quantization fused into its combine, where it applies
+            # (image backend, every slot valid, parts dividing the slots; else ring_attention below logs why not)
+            if splits > 1 and self.attn_backend == "image" and all_valid and cache.layout.slots % splits == 0:
                 q_parts = q_rot.transpose(0, 1).unsqueeze(0).expand(splits, h, n, d)  # a view: cuDNN reads it as is
                 return split_kv_attention_fp8(q_parts, images[0], images[1], pdl="attn" in self.pdl)
         else:  # chunk 0 (eager) also writes the sink at its own positions: the unfused kernels
@@ -166,7 +169,7 @@ class FastDiT:
         img = images if self.attn_backend == "image" else (None, None)
         att = ring_attention(q_rot, cache.k[i], cache.v[i], cache.k_scale[i], cache.v_scale[i], s["valid"],
                              backend=self.attn_backend, all_valid=all_valid, k_image=img[0], v_image=img[1],
-                             kv_splits=self._kv_splits(cache))
+                             kv_splits=splits)
         return quant_rows(att.reshape(n, h * d), pdl="attn" in self.pdl)
 
     def _kv_splits(self, cache: KVCache) -> int:
@@ -179,13 +182,6 @@ class FastDiT:
             raise ValueError(f"FastDiT: attn_kv_splits must be an int >= 1 or 'auto', got {p!r}")
         return p
 
-    def _graph_splits(self, cache: KVCache, all_valid: bool) -> int:
-        """KV parts of a graph pass's attention: the resolved attn_kv_splits where the fused split path applies
-        (image backend, every slot valid, parts dividing the slots), else 1."""
-        p = self._kv_splits(cache)
-        ok = p > 1 and self.attn_backend == "image" and all_valid and cache.layout.slots % p == 0
-        return p if ok else 1
-
     def _pass(self, s: dict[str, torch.Tensor], cache: KVCache, sink_pos: torch.Tensor | None, all_valid: bool):
         m, cfg = self.m, self.cfg
         dt = m.patch_embed.weight.dtype
@@ -195,7 +191,7 @@ class FastDiT:
             x = torch.cat([x, a], dim=0)
         mods = s["mods"]  # [L, 6, d]: this noise level's modulation (self._modulation), refilled per pass
         eps = cfg.norm_eps
-        pdl = self.pdl
+        pdl, splits = self.pdl, self._kv_splits(cache)
         a8, a_s = ln_mod_quant(x, mods[0, 0], mods[0, 1], eps=eps)
         last = len(m.blocks) - 1
         for i, blk in enumerate(m.blocks):
@@ -203,7 +199,7 @@ class FastDiT:
             gate1, shift2, scale2, gate2 = mods[i, 2], mods[i, 3], mods[i, 4], mods[i, 5]
             fa = self.fast_accum
             o8, o_s = self._attend(i, blk, fp8_linear(a8, a_s, wqkv, sqkv, fast_accum=fa), s, cache, sink_pos,
-                                   all_valid)
+                                   all_valid, splits)
             o = self.row_parallel(o8, o_s, wo, so, blk.attn.reduce, fast_accum=fa)
             x, h8, h_s = residual_ln_mod_quant(x, o, gate1, shift2, scale2, eps=eps, pdl="o" in pdl)  # x += g1·o
             d8, d_s = swiglu_quant(fp8_linear(h8, h_s, wgu, sgu, fast_accum=fa), pdl="gate_up" in pdl)

@@ -66,6 +66,16 @@ def run(fn, args, ring, c, **kw):
     return q, r
 
 
+def check_written_rows(got: dict, want: dict, slots: torch.Tensor, what: str) -> None:
+    """The k and v rows at `slots`: FP8 codes and scales as the twin's (one e4m3 ulp on a small fraction), and the
+    read image exactly bf16(fp8 · scale) of what was written."""
+    for x in ("k", "v"):
+        assert_fp8_rows_match(got[f"{x}_cache"][slots], got[f"{x}_scale"][slots], want[f"{x}_cache"][slots],
+                              want[f"{x}_scale"][slots], max_ulp_fraction=2e-3, what=f"{x} ring rows{what}")
+        deq = (got[f"{x}_cache"][slots].float() * got[f"{x}_scale"][slots][..., None]).to(torch.bfloat16)
+        assert torch.equal(got[f"{x}_image"][slots], deq), f"{x} image{what} != bf16(fp8 · scale) of the written rows"
+
+
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 @needs_triton_cpu
 def test_triton_matches_twin(case):
@@ -75,11 +85,8 @@ def test_triton_matches_twin(case):
     tol = 1e-5 if case.dtype == torch.float32 else 8e-3
     assert_close(q_t.float(), q_r.float(), rel_rms=tol, max_abs=tol * 8 * q_r.float().abs().max().item(), what="q_rot")
     slots = args[5]
+    check_written_rows(r_t, r_r, slots, "")
     for x in ("k", "v"):
-        assert_fp8_rows_match(r_t[f"{x}_cache"][slots], r_t[f"{x}_scale"][slots], r_r[f"{x}_cache"][slots],
-                              r_r[f"{x}_scale"][slots], max_ulp_fraction=2e-3, what=f"{x} ring rows")
-        deq = (r_t[f"{x}_cache"][slots].float() * r_t[f"{x}_scale"][slots][..., None]).to(torch.bfloat16)
-        assert torch.equal(r_t[f"{x}_image"][slots], deq), f"{x} image != bf16(fp8 · scale) of the written rows"
         untouched = torch.ones(case.s, dtype=torch.bool)
         untouched[slots] = False
         for part in ("cache", "scale", "image"):
@@ -152,9 +159,4 @@ def test_gpu_57b_matches_twin():
     q_t, r_t = run(qkv_ring_write, args, ring, c)
     q_r, r_r = run(qkv_ring_write_ref, args, ring, c)
     assert_close(q_t.float(), q_r.float(), rel_rms=8e-3, max_abs=0.1, what="q_rot 57b")
-    slots = args[5]
-    for x in ("k", "v"):
-        assert_fp8_rows_match(r_t[f"{x}_cache"][slots], r_t[f"{x}_scale"][slots], r_r[f"{x}_cache"][slots],
-                              r_r[f"{x}_scale"][slots], max_ulp_fraction=2e-3, what=f"{x} ring rows 57b")
-        deq = (r_t[f"{x}_cache"][slots].float() * r_t[f"{x}_scale"][slots][..., None]).to(torch.bfloat16)
-        assert torch.equal(r_t[f"{x}_image"][slots], deq), f"{x} image 57b"
+    check_written_rows(r_t, r_r, args[5], " 57b")
