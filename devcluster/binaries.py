@@ -64,6 +64,17 @@ def go_command() -> str:
     raise BinaryError("no Go toolchain: install Go >= 1.26 or run `make install` (it fetches one when `go` is missing)")
 
 
+def tool(name: str) -> str:
+    """`kubectl` / `helm`: the ones `make install` put next to this Python (pinned), else PATH's."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    found = shutil.which(name)
+    if found is None:
+        raise BinaryError(f"{name} not found: run `make install` (it installs helm and kubectl into .venv/bin)")
+    return found
+
+
 def _go_version(go: str) -> str:
     return subprocess.run([go, "env", "GOVERSION"], check=True, capture_output=True, text=True).stdout.strip()
 

@@ -34,10 +34,14 @@ from typing import Any
 
 import yaml
 from vivant.devcluster import pki
-from vivant.devcluster.binaries import ClusterBinaries, ensure_binaries
+from vivant.devcluster.binaries import ClusterBinaries, ensure_binaries, tool
 
 KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 GPU_RESOURCE = "nvidia.com/gpu"
+# Credentials of the local cluster only (loopback, throwaway): what its Secrets hold.
+DEV_API_KEY = "vivant-dev-api-key"
+DEV_LIVEKIT_KEY = "devkey"
+DEV_LIVEKIT_SECRET = "vivant-dev-livekit-secret-0123456789"
 
 
 def free_port() -> int:
@@ -314,7 +318,7 @@ class LocalCluster:
     # ------------------------------------------------------------------ helpers
 
     def kubectl(self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-        proc = subprocess.run(["kubectl", f"--kubeconfig={self.kubeconfig}", *args], input=input,
+        proc = subprocess.run([tool("kubectl"), f"--kubeconfig={self.kubeconfig}", *args], input=input,
                               capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
             raise RuntimeError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
@@ -379,14 +383,17 @@ class LocalCluster:
         self._wait(lambda: _redis_ping(port), "redis", 20)
 
     def _write_chart_secrets(self, namespace: str) -> None:
-        """Namespace + Secrets `vivant-redis` (url) and `vivant-livekit` (dev keys) that the chart's defaults name."""
+        """Namespace + the Secrets the chart's defaults name: `vivant-redis` (url), `vivant-livekit` (dev
+        credentials) and `vivant-api-keys` (the session API's key file, holding DEV_API_KEY)."""
         assert self.state is not None
         self.kubectl_apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
         if self.state.redis_url:
             self.kubectl_apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "vivant-redis", "namespace": namespace},
                                 "stringData": {"url": self.state.redis_url}})
         self.kubectl_apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "vivant-livekit", "namespace": namespace},
-                            "stringData": {"api-key": "devkey", "api-secret": "vivant-dev-secret-of-32-characters!"}})
+                            "stringData": {"api-key": DEV_LIVEKIT_KEY, "api-secret": DEV_LIVEKIT_SECRET}})
+        self.kubectl_apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "vivant-api-keys", "namespace": namespace},
+                            "stringData": {"keys": f"# session API keys of the local cluster\n{DEV_API_KEY}\n"}})
 
 
 def _python() -> str:

@@ -110,8 +110,8 @@ def build_statefulset(
         {"name": "VIVANT_CHECKPOINT", "value": spec.model.checkpoint},
         {"name": "VIVANT_TENSOR_PARALLEL", "value": str(spec.tensor_parallel)},
         {"name": "VIVANT_METRICS_PORT", "value": str(METRICS_PORT)},
-        # deployed workers join the assigned LiveKit room (vivant worker --runner livekit)
-        {"name": "VIVANT_RUNNER", "value": "livekit"},
+        # livekit: join the assigned LiveKit room; pipeline: frames to a null sink (trials)
+        {"name": "VIVANT_RUNNER", "value": spec.runner},
         {
             "name": "VIVANT_REDIS_URL",
             "valueFrom": {"secretKeyRef": {"name": runtime.redis_secret, "key": runtime.redis_secret_key}},

@@ -237,6 +237,11 @@ class WorkerPoolSpec(_Model):
     node_selector: dict[str, Annotated[str, Field(max_length=63)]] | None = None
     tolerations: list[Toleration] | None = None
     affinity: NodeAffinity | None = None
+    runner: Literal["livekit", "pipeline"] = Field(
+        default="livekit",
+        description="What serves a session: livekit = join the session's LiveKit room as the avatar (production); "
+        "pipeline = generate, decode and pace frames into a null sink (trials without a LiveKit server).",
+    )
     min_idle: Annotated[int, Field(ge=0, le=256)] = Field(
         default=1, description="Warm idle workers to keep ready (the scale subresource's replicas)."
     )

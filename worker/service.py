@@ -509,7 +509,7 @@ class WorkerService:
 def checkpoint_path(checkpoint: str) -> Path | None:
     """`--checkpoint` -> a local safetensors path, or None for random weights. Weights are never fetched
     at run time: a remote URI must be mounted as a volume first."""
-    if not checkpoint or checkpoint == "random://":
+    if not checkpoint or checkpoint.startswith("random://"):  # e.g. random://tiny in a WorkerPool spec
         return None
     if checkpoint.startswith("/"):
         return Path(checkpoint)

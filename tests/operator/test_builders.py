@@ -17,7 +17,7 @@ from vivant.sessions import resources as r
 ROOT = Path(__file__).resolve().parents[2]
 K8S_VERSION = "1.31"
 OWNER = b.Owner(kind=r.POOL_KIND, name="h200", uid="0f6c3a52-9a8e-4a37-9c1e-5b1b1f0e2d11")
-SPEC = r.WorkerPool.model_validate(yaml.safe_load((ROOT / "examples/workerpool.yaml").read_text())).spec
+SPEC = r.WorkerPool.model_validate(yaml.safe_load((ROOT / "examples/production/workerpool-h200-57b.yaml").read_text())).spec
 SPEC_AFFINITY = SPEC.model_copy(update={"affinity": r.NodeAffinity.model_validate(
     {"required": [{"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h200"]}]}],
      "preferred": [{"weight": 10, "preference": {"matchExpressions": [{"key": "zone", "operator": "Exists"}]}}]}

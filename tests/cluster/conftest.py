@@ -1,0 +1,128 @@
+"""Fixtures of the `cluster` tests: one real local Kubernetes for the whole test session.
+
+`kube` starts `vivant.devcluster.LocalCluster` (etcd, kube-apiserver with RBAC and
+OwnerReferencesPermissionEnforcement, kube-controller-manager, kube-scheduler, kwok with two simulated
+8-GPU H100 nodes, a Redis, and the pod runner that runs the real processes behind vivant's pods) and
+stops it afterwards. `vivant_release` installs `charts/vivant` into it with `helm install` (default
+values: cluster-wide operator, the session API, real RBAC under their own ServiceAccounts).
+`namespace` gives each test a fresh namespace holding the Secrets the chart's defaults name.
+
+Nothing here stands in for the Kubernetes API: every request goes to the real apiserver.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from vivant.devcluster.binaries import tool
+from vivant.devcluster.cluster import ClusterSpec, LocalCluster, NodePoolSpec
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "vivant"
+RELEASE = "vivant"
+RELEASE_NS = "vivant-system"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.cluster)
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 30.0, period: float = 0.25) -> Any:
+    """Poll `check()` until it returns a truthy value; fail naming `what` and the last value/error."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except Exception as exc:  # not there yet
+            last = f"{type(exc).__name__}: {exc}"
+        time.sleep(period)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+
+
+class Kube:
+    """The running cluster plus kubectl/helm bound to its admin kubeconfig."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.cluster = cluster
+        assert cluster.state is not None
+        self.state = cluster.state
+        self.kubeconfig = cluster.kubeconfig
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+        return self.cluster.kubectl(*args, check=check, input=input)
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        ns = ["-n", namespace] if namespace else []
+        out = self.kubectl("get", kind, name, *ns, "-o", "json", check=False)
+        if out.returncode != 0:
+            if "NotFound" in out.stderr:
+                return None
+            raise RuntimeError(out.stderr)
+        return json.loads(out.stdout)
+
+    def items(self, kind: str, namespace: str | None = None, selector: str | None = None) -> list[dict[str, Any]]:
+        args = ["get", kind, "-o", "json"] + (["-n", namespace] if namespace else ["-A"])
+        if selector:
+            args += ["-l", selector]
+        return json.loads(self.kubectl(*args).stdout)["items"]
+
+    def apply(self, manifest: dict[str, Any] | str, check: bool = True) -> subprocess.CompletedProcess:
+        text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+        return self.kubectl("apply", "-f", "-", input=text, check=check)
+
+    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        proc = subprocess.run([tool("helm"), f"--kubeconfig={self.kubeconfig}", *args], capture_output=True, text=True,
+                              timeout=300)
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"helm {' '.join(args)} failed: {proc.stderr.strip()}")
+        return proc
+
+    def pod_log(self, namespace: str, pod: str, container: str | None = None) -> str:
+        logs = sorted((self.cluster.dir / "pods").glob(f"{namespace}_{pod}_*/{container or '*'}.log"))
+        return "\n".join(p.read_text(errors="replace")[-4000:] for p in logs)
+
+    def new_namespace(self, prefix: str = "t") -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        self.cluster._write_chart_secrets(name)
+        return name
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
+    spec = ClusterSpec(state_dir=tmp_path_factory.mktemp("cluster"),
+                       node_pool=NodePoolSpec(nodes=2, gpus_per_node=8), run_pods=True, redis=True)
+    cluster = LocalCluster(spec, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    cluster.up()
+    try:
+        yield Kube(cluster)
+    finally:
+        cluster.down()
+
+
+@pytest.fixture
+def namespace(kube: Kube) -> Iterator[str]:
+    ns = kube.new_namespace()
+    yield ns
+    kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def vivant_release(kube: Kube) -> Iterator[str]:
+    """`helm install vivant charts/vivant -n vivant-system` with the chart's default values."""
+    kube.helm("install", RELEASE, str(CHART), "-n", RELEASE_NS, "--wait", "--timeout", "120s")
+    yield RELEASE
+    kube.helm("uninstall", RELEASE, "-n", RELEASE_NS, "--wait", check=False)
