@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -84,7 +85,7 @@ def cache_key(go_version: str) -> str:
     h = hashlib.sha256()
     for name in ("go.mod", "go.sum"):
         h.update((GO_MODULE / name).read_bytes())
-    h.update(f"{go_version} {sys.platform} {os.uname().machine}".encode())
+    h.update(f"{go_version} {sys.platform} {os.uname().machine} {ldflags()}".encode())
     return h.hexdigest()[:16]
 
 
@@ -105,10 +106,28 @@ def _build_env() -> dict[str, str]:
     return env
 
 
+def kubernetes_version() -> str:
+    """The k8s.io/kubernetes release go.mod pins, e.g. v1.36.3."""
+    m = re.search(r"^\s*k8s\.io/kubernetes\s+(v\d+\.\d+\.\d+)\s*$", (GO_MODULE / "go.mod").read_text(), re.M)
+    if m is None:
+        raise BinaryError(f"{GO_MODULE / 'go.mod'}: expected a line `k8s.io/kubernetes vX.Y.Z`")
+    return m.group(1)
+
+
+def ldflags() -> str:
+    """Strip symbols, and stamp the release into the binaries: without it the apiserver reports
+    v0.0.0-master and Helm refuses charts that require a kubeVersion."""
+    version = kubernetes_version()
+    major, minor = version[1:].split(".")[:2]
+    base = "k8s.io/component-base/version"
+    return (f"-s -w -X {base}.gitVersion={version} -X {base}.gitMajor={major} -X {base}.gitMinor={minor} "
+            f"-X {base}.gitTreeState=clean -X {base}.buildDate=1970-01-01T00:00:00Z")
+
+
 def build(dest: Path, *, go: str, log=print) -> None:
     """`go build` every package of PACKAGES into `dest`, printing progress (one line per ~20 packages)."""
     dest.mkdir(parents=True, exist_ok=True)
-    cmd = [go, "build", "-v", "-trimpath", "-ldflags=-s -w", "-o", str(dest) + "/", *PACKAGES.values()]
+    cmd = [go, "build", "-v", "-trimpath", f"-ldflags={ldflags()}", "-o", str(dest) + "/", *PACKAGES.values()]
     log(f"building {', '.join(PACKAGES)} from {GO_MODULE.name}/go.mod (first time: ~10 min on 2 cores)")
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=GO_MODULE, env=_build_env(), stdout=subprocess.PIPE,

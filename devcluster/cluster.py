@@ -12,8 +12,9 @@ command that started it and `down` stops it):
 - optionally a Redis server for the control plane, and Secrets `vivant-redis` / `vivant-livekit` so
   the Helm chart installs with its default values.
 
-Nodes are a GPU node pool: `nvidia.com/gpu` capacity, the labels and taints of `NodePoolSpec`
-(default: an H100 pool with the `nvidia.com/gpu=present:NoSchedule` taint).
+Nodes: a GPU node pool (`nvidia.com/gpu` capacity, the labels and taints of `NodePoolSpec`; default an
+H100 pool with the `nvidia.com/gpu=present:NoSchedule` taint) and one untainted CPU node, `cpu-0`, for
+the control plane's own pods.
 
 State folder layout: `state.json` (ports, pids), `admin.kubeconfig`, `pki/`, `etcd/`, `logs/`.
 """
@@ -37,6 +38,8 @@ from vivant.devcluster import pki
 from vivant.devcluster.binaries import ClusterBinaries, ensure_binaries, tool
 
 KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+STAGES = Path(__file__).with_name("kwok_stages.yaml")  # how kwok moves nodes and pods (see the file)
+RUN_BY_ANNOTATION = "dev.vivant.dev/run-by"  # set on pods the pod runner runs: it, not kwok, removes them
 GPU_RESOURCE = "nvidia.com/gpu"
 # Credentials of the local cluster only (loopback, throwaway): what its Secrets hold.
 DEV_API_KEY = "vivant-dev-api-key"
@@ -93,7 +96,9 @@ class NodePoolSpec:
 
     def node_manifest(self, index: int) -> dict[str, Any]:
         name = f"{self.name_prefix}-{index}"
-        capacity = {"cpu": self.cpu, "memory": self.memory, "pods": "110", GPU_RESOURCE: str(self.gpus_per_node)}
+        capacity = {"cpu": self.cpu, "memory": self.memory, "pods": "110"}
+        if self.gpus_per_node:
+            capacity[GPU_RESOURCE] = str(self.gpus_per_node)
         return {
             "apiVersion": "v1",
             "kind": "Node",
@@ -108,12 +113,19 @@ class NodePoolSpec:
         }
 
 
+# The untainted CPU node(s) where the control plane's own pods (operator, session API) are scheduled,
+# as on a real cluster whose GPU nodes carry a taint.
+SYSTEM_POOL = NodePoolSpec(nodes=1, gpus_per_node=0, name_prefix="cpu", cpu="16", memory="64Gi",
+                           labels=(("vivant.dev/node-pool", "system"),), taints=())
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
-    """Everything `up` needs: where state lives, the node pool, and the extras for the chart's defaults."""
+    """Everything `up` needs: where state lives, the node pools, and the extras for the chart's defaults."""
 
     state_dir: Path
     node_pool: NodePoolSpec = field(default_factory=NodePoolSpec)
+    system_pool: NodePoolSpec = SYSTEM_POOL
     run_pods: bool = True  # start the pod runner (real processes behind vivant's pods)
     redis: bool = True  # start a Redis and write Secret vivant-redis into `secret_namespaces`
     secret_namespaces: tuple[str, ...] = ("default", "vivant-system")
@@ -259,10 +271,14 @@ class LocalCluster:
                 str(bins.kwok), f"--kubeconfig={self.kubeconfig}", "--manage-all-nodes=false",
                 f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION[0]}={KWOK_ANNOTATION[1]}",
                 "--cidr=10.0.0.0/16", "--node-ip=127.0.0.1", f"--server-address=127.0.0.1:{ports['kwok']}",
+                "--node-lease-duration-seconds=40", f"--config={STAGES}",
             ])
-            for i in range(self.spec.node_pool.nodes):
-                self.kubectl_apply(self.spec.node_pool.node_manifest(i))
-            self._wait(self._nodes_ready, f"{self.spec.node_pool.nodes} nodes Ready", 60)
+            pools = (self.spec.system_pool, self.spec.node_pool)
+            for pool in pools:
+                for i in range(pool.nodes):
+                    self.kubectl_apply(pool.node_manifest(i))
+            total = sum(p.nodes for p in pools)
+            self._wait(lambda: self._nodes_ready(total), f"{total} nodes Ready", 60)
             self._wait(lambda: self.kubectl("get", "serviceaccount", "default", "-n", "default", check=False)
                        .returncode == 0, "the default ServiceAccount", 60)
             if self.spec.redis:
@@ -332,6 +348,9 @@ class LocalCluster:
         logf = open(self.logs / f"{name}.log", "ab")
         env = dict(os.environ)
         env["KUBECONFIG"] = str(self.kubeconfig)
+        # Debian's etcd 3.4 lacks the watch-progress requests the apiserver needs to serve client-go's
+        # streaming list ("WatchList"); clients that ask for it lose their watches and stall.
+        env["KUBE_FEATURE_WatchListClient"] = "false"
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, cwd=self.dir, env=env)
         logf.close()
@@ -362,12 +381,12 @@ class LocalCluster:
         with urllib.request.urlopen(f"{self.state.server}/readyz", context=ctx, timeout=2) as r:
             return r.status == 200
 
-    def _nodes_ready(self) -> bool:
+    def _nodes_ready(self, count: int) -> bool:
         out = self.kubectl("get", "nodes", "-o", "json")
         items = json.loads(out.stdout)["items"]
         ready = [n for n in items if any(c["type"] == "Ready" and c["status"] == "True"
                                          for c in n["status"].get("conditions", []))]
-        return len(ready) >= self.spec.node_pool.nodes
+        return len(ready) >= count
 
     def _start_redis(self) -> None:
         import shutil

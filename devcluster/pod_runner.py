@@ -18,7 +18,9 @@ it is deliberately small and does what a kubelet does for these pods:
   mapping is published on the pod as annotation `dev.vivant.dev/host-ports` ({"<port name>": port});
 - restartPolicy Always: a process that exits is started again (1 s, 2 s, ... 10 s back-off); the
   count is published as annotation `dev.vivant.dev/restarts`;
-- deletion: SIGTERM, then SIGKILL after the pod's grace period (at most 10 s here).
+- deletion: SIGTERM, then SIGKILL after the pod's grace period (at most 10 s here), and only then the
+  pod object is removed (annotation `dev.vivant.dev/run-by` tells kwok to leave that to the runner), so a
+  StatefulSet's replacement pod never runs beside the process it replaces.
 
 Logs: `<state>/pods/<namespace>_<pod>/<container>.log`.
 """
@@ -42,7 +44,7 @@ from typing import Any
 import kubernetes
 import yaml
 from kubernetes.client.rest import ApiException
-from vivant.devcluster.cluster import KWOK_ANNOTATION, ClusterState, free_port
+from vivant.devcluster.cluster import KWOK_ANNOTATION, RUN_BY_ANNOTATION, ClusterState, free_port
 
 HOST_PORTS_ANNOTATION = "dev.vivant.dev/host-ports"
 RESTARTS_ANNOTATION = "dev.vivant.dev/restarts"
@@ -167,8 +169,14 @@ class PodRunner:
         wanted: dict[str, dict[str, Any]] = {}
         for pod in self.core.list_pod_for_all_namespaces().items:
             d = self.core.api_client.sanitize_for_serialization(pod)
-            if d["spec"].get("nodeName") in kwok_nodes and not d["metadata"].get("deletionTimestamp"):
-                wanted[d["metadata"]["uid"]] = d
+            meta = d["metadata"]
+            if d["spec"].get("nodeName") not in kwok_nodes:
+                continue
+            if meta.get("deletionTimestamp"):
+                if RUN_BY_ANNOTATION in (meta.get("annotations") or {}):
+                    self._finish_deletion(d)
+                continue
+            wanted[meta["uid"]] = d
         for uid in list(self.pods):
             if uid not in wanted:
                 self._stop(self.pods.pop(uid))
@@ -177,6 +185,21 @@ class PodRunner:
                 self._supervise(self.pods[uid])
             else:
                 self._try_start(pod)
+
+    def _finish_deletion(self, pod: dict[str, Any]) -> None:
+        """A deleted pod of ours: stop its processes (SIGTERM, grace, SIGKILL), then remove the pod object."""
+        meta = pod["metadata"]
+        running = self.pods.pop(meta["uid"], None)
+        if running is not None:
+            self._stop(running)
+        try:
+            self.core.delete_namespaced_pod(meta["name"], meta["namespace"], grace_period_seconds=0,
+                                            body=kubernetes.client.V1DeleteOptions(
+                                                grace_period_seconds=0,
+                                                preconditions=kubernetes.client.V1Preconditions(uid=meta["uid"])))
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
 
     # ------------------------------------------------------------------ one pod
 
@@ -251,26 +274,20 @@ class PodRunner:
                 host = free_port()
                 port_map[int(p["containerPort"])] = host
                 ports[p.get("name") or str(p["containerPort"])] = host
+            mounts = {m["mountPath"].rstrip("/"): str(volumes[m["name"]])
+                      for m in c.get("volumeMounts") or [] if m["name"] in volumes}
+            localize = _localizer(mounts, port_map)
             env = dict(base_env)
-            env.update(self._container_env(pod, c))
-            mounts = {m["mountPath"]: str(volumes[m["name"]]) for m in c.get("volumeMounts") or [] if m["name"] in volumes}
-
-            def localize(text: str, port_map: dict[int, int] = port_map, mounts: dict[str, str] = mounts) -> str:
-                for path, host_dir in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
-                    text = re.sub(rf"(^|[=\s]){re.escape(path)}(?=/|$|\s)", rf"\g<1>{host_dir}", text)
-                for cport, hport in port_map.items():
-                    text = re.sub(rf"(^|[:=]){cport}(?=\D|$)", rf"\g<1>{hport}", text)
-                return text.replace("0.0.0.0", "127.0.0.1")
-
-            env = {k: localize(v) for k, v in env.items()}
+            env.update({k: localize(v) for k, v in self._container_env(pod, c).items()})
             argv = [expand(x, env) for x in (c.get("command") or []) + (c.get("args") or [])]
             if not argv:
                 raise _NotReady(f"container {c['name']} has no command (the runner cannot read image entry points)")
             argv = [programs[c["name"]]] + [localize(a) for a in argv[1:]]
             running.containers.append(Container(name=c["name"], cmd=argv, env=env, cwd=folder,
                                                 log=folder / f"{c['name']}.log"))
-        if ports:
-            self.core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": {HOST_PORTS_ANNOTATION: json.dumps(ports)}}})
+        # From here on the runner, not kwok, finishes the pod's deletion (after stopping its processes).
+        self.core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": {
+            RUN_BY_ANNOTATION: "pod-runner", HOST_PORTS_ANNOTATION: json.dumps(ports)}}})
         return running
 
     def _container_env(self, pod: dict[str, Any], c: dict[str, Any]) -> dict[str, str]:
@@ -375,6 +392,26 @@ class PodRunner:
         path.write_text(yaml.safe_dump(cfg))
         path.chmod(0o600)
         return path
+
+
+def _localizer(mounts: dict[str, str], ports: dict[int, int]):
+    """A function rewriting one arg/env value for the host: mount paths -> the pod's volume folders,
+    container ports -> host ports, 0.0.0.0 -> 127.0.0.1. One pass each, so a rewritten path is never
+    rewritten again (a mount at /tmp must not match the host folder it produced)."""
+    path_re = None
+    if mounts:
+        alternatives = "|".join(re.escape(p) for p in sorted(mounts, key=len, reverse=True))
+        path_re = re.compile(rf"(^|[=\s,:])({alternatives})(?=/|$|\s|,)")
+    port_re = re.compile(rf"(^|[:=])({'|'.join(str(p) for p in ports)})(?=\D|$)") if ports else None
+
+    def localize(text: str) -> str:
+        if path_re is not None:
+            text = path_re.sub(lambda m: m.group(1) + mounts[m.group(2)], text)
+        if port_re is not None:
+            text = port_re.sub(lambda m: m.group(1) + str(ports[int(m.group(2))]), text)
+        return text.replace("0.0.0.0", "127.0.0.1")
+
+    return localize
 
 
 class _NotReady(Exception):

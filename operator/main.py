@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     asyncio.run(
         kopf.operator(
             clusterwide=not args.namespace,
-            namespaces=args.namespace or None,
+            namespaces=args.namespace,  # [] when cluster-wide: kopf iterates it (None crashed at start)
             standalone=args.standalone,
             liveness_endpoint=args.liveness or None,
             memo=kopf.Memo(config=config),
