@@ -391,7 +391,7 @@ def test_api_runs_the_cli_with_its_avatars_and_mounted_keys(tmp_path: Path):
     assert volumes[mounts[str(Path(keys_arg).parent)]]["secret"]["secretName"] == "vivant-api-keys"
     catalogue = one(objs, "ConfigMap", "rel-vivant-api-avatars")["data"][Path(avatars_arg).name]
     assert yaml.safe_load(catalogue)["avatars"] == {"ada": {"character": "ada", "pool": "trial"}}
-    from vivant.sessions.api import ApiConfig
+    from vivant.gateway.server import ApiConfig
     path = tmp_path / "avatars.yaml"
     path.write_text(catalogue)
     config = ApiConfig.from_file(path, "vivant-system")
@@ -460,8 +460,8 @@ def test_worker_pool_passes_gpus_node_selector_and_flags_through():
 
 def test_operator_builds_five_gpu_workers_on_the_selected_nodes_from_the_chart_pool():
     """The chart's WorkerPool, parsed as the operator parses it, becomes pods requesting 5 GPUs on the H200 nodes."""
+    from vivant.apis.resources import WorkerPoolSpec
     from vivant.operator.builders import Owner, WorkerRuntime, build_statefulset
-    from vivant.sessions.resources import WorkerPoolSpec
 
     pool = one(objects("production-values"), "WorkerPool")
     spec = WorkerPoolSpec.model_validate(pool["spec"])
@@ -482,7 +482,7 @@ def test_operator_builds_five_gpu_workers_on_the_selected_nodes_from_the_chart_p
 
 
 def test_trial_pool_is_a_valid_operator_spec():
-    from vivant.sessions.resources import WorkerPoolSpec
+    from vivant.apis.resources import WorkerPoolSpec
 
     spec = WorkerPoolSpec.model_validate(one(objects("trial-values"), "WorkerPool")["spec"])
     assert (spec.model.preset, spec.gpus_per_worker, spec.tensor_parallel) == ("tiny", 2, 1)
