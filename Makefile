@@ -73,7 +73,7 @@ check-imports: $(STAMP)
 	$(PY) tools/check_imports.py
 
 crds: $(STAMP)
-	$(PY) -m vivant.operator.crdgen crds/
+	$(PY) -m vivant.apis.crdgen crds/
 
 demo: $(STAMP) sysdeps
 	$(VENV)/bin/vivant demo --seconds $(DEMO_SECONDS) --out $(DEMO_OUT)

@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("vivant.worker.service", "run a warm worker: register in Redis, wait for sessions, stream them"),
     "flags": ("vivant.sessions.flags_cli", "get/set a worker pool's live feature flags in Redis"),
     "operator": ("vivant.operator.main", "run the kopf operator (CharacterSession / WorkerPool)"),
-    "api": ("vivant.sessions.api", "serve the session REST API (/v1/realtime_sessions)"),
+    "api": ("vivant.gateway.server", "serve the session gateway, the REST API of /v1/realtime_sessions"),
     "eval": ("vivant.worker.eval_cli", "quality gate: reference vs optimized path (lip-sync proxy, PSNR)"),
     "dev": ("vivant.devcluster.cli", "local development: `dev cluster up|down|status|build` (real Kubernetes, simulated GPU nodes)"),
     "train": ("vivant.worker.train.cli", "train the reference character (procedural data, VAE, DiT): `train ref`"),

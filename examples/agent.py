@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from livekit.agents import Agent, AgentServer, AgentSession, JobContext, RoomOutputOptions, cli
-from vivant.sessions.agent_plugin import VivantAvatarSession
+from vivant.gateway.agent_plugin import VivantAvatarSession
 
 server = AgentServer()
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from vivant.sessions import resources as r
+from vivant.apis import resources as r
 
 MANAGED_BY = "vivant-operator"
 METRICS_PORT = 9400

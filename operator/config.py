@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from vivant.apis.livekit_token import LiveKitCredentials
 from vivant.operator.builders import WorkerRuntime
-from vivant.operator.livekit_tokens import LiveKitCredentials
 from vivant.operator.reconcile import Timeouts
 
 

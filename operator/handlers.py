@@ -20,11 +20,12 @@ from typing import Any
 
 import kopf
 import pydantic
+from vivant.apis import resources as r
+from vivant.apis.feature_flags import FUSED_GEMM_ALL_REDUCE
 from vivant.operator import builders as b
 from vivant.operator import kube, reconcile
 from vivant.operator.config import OperatorConfig
 from vivant.operator.metrics import default_metrics, serve
-from vivant.sessions import resources as r
 from vivant.sessions.flags import FlagStore
 from vivant.sessions.registry import Registry, RegistryUnavailable
 
@@ -108,8 +109,8 @@ def session_progress(body, spec, meta, status, namespace, name, uid, patch, memo
         if out.rollback is not None:
             pool, reason = out.rollback
             if reconcile.auto_rollback(memo.flags, pool, reason) is not None:
-                kopf.warn(body, reason="FlagRolledBack", message=f"{reconcile.FUSED_FLAG} turned off: {reason}")
-                memo.metrics.flag_rollback(pool, reconcile.FUSED_FLAG, "fault" if "fault" in reason else "fps")
+                kopf.warn(body, reason="FlagRolledBack", message=f"{FUSED_GEMM_ALL_REDUCE} turned off: {reason}")
+                memo.metrics.flag_rollback(pool, FUSED_GEMM_ALL_REDUCE, "fault" if "fault" in reason else "fps")
     except RegistryUnavailable as exc:
         memo.metrics.reconcile_error(r.SESSION_KIND)
         log.warning("session %s/%s: Redis unavailable (%s); retrying next tick", namespace, name, exc)
@@ -194,7 +195,7 @@ def pool_tick(body, spec, meta, status, namespace, name, patch, memo, session_ph
         return
     if (flagset.updated_by == reconcile.AUTO_ROLLBACK_ACTOR and flagset.version != status.get("flagVersion")):
         kopf.warn(body, reason="FlagRolledBack",
-                  message=f"{reconcile.FUSED_FLAG} turned off by auto-rollback; edit spec.flags to re-enable")
+                  message=f"{FUSED_GEMM_ALL_REDUCE} turned off by auto-rollback; edit spec.flags to re-enable")
     patch.status.update({**counts, **flag_patch})
     memo.metrics.set_pool_workers(pool, desired=plan.replicas, idle=counts["idle"], busy=counts["busy"],
                                   starting=counts["starting"], draining=counts["draining"])

@@ -5,7 +5,7 @@ Why a class with an explicit registry: the operator process registers once on th
 rules file (`charts/vivant/files/rules.yaml`) reads these series; `tests/metrics/test_scrape.py`
 checks every name and label the rules use is exported. prometheus-client only (no torch here).
 
-The `pool` label is the pool id `<namespace>/<name>` (`vivant.sessions.resources.pool_key`), the same
+The `pool` label is the pool id `<namespace>/<name>` (`vivant.apis.resources.pool_key`), the same
 value the workers put on their series, so rules can join operator and worker series on `pool`.
 
 Series (all prefixed `vivant_operator_`):

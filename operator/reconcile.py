@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from vivant.apis import resources as r
+from vivant.apis.feature_flags import FUSED_GEMM_ALL_REDUCE
+from vivant.apis.livekit_token import LiveKitCredentials, avatar_identity, mint_avatar_token
 from vivant.operator import builders as b
-from vivant.operator.livekit_tokens import LiveKitCredentials, avatar_identity, mint_worker_token
-from vivant.sessions import resources as r
 from vivant.sessions.flags import FlagStore
 from vivant.sessions.models import Assignment, FlagSet
 from vivant.sessions.registry import Registry
@@ -42,13 +43,8 @@ from vivant.sessions.registry import Registry
 log = logging.getLogger(__name__)
 
 AUTO_ROLLBACK_ACTOR = "operator:auto-rollback"
-FUSED_FLAG = "fusedGemmAllReduce"
-_STATS_PHASES = {
-    "Connecting": r.SessionPhase.CONNECTING,
-    "Streaming": r.SessionPhase.STREAMING,
-    "Ended": r.SessionPhase.ENDED,
-    "Failed": r.SessionPhase.FAILED,
-}
+# The phases a worker's report may move a session to (Pending and Assigned are the operator's own).
+_WORKER_REPORTED_PHASES = frozenset({r.SessionPhase.CONNECTING, r.SessionPhase.STREAMING, *r.TERMINAL_PHASES})
 
 
 @dataclass(frozen=True)
@@ -138,7 +134,7 @@ def assign_session(
                     f"waiting for an idle worker in pool {spec.pool}")
 
     if token is None:
-        token = mint_worker_token(
+        token = mint_avatar_token(
             credentials, room=spec.livekit.room, identity=avatar_identity(ref.name),
             agent_identity=spec.livekit.agent_identity, ttl=token_ttl,
         )
@@ -195,9 +191,8 @@ def progress_session(
     out = Outcome()
     if stats is not None:
         fields.update(avg_fps=round(stats.fps, 2), stalls=stats.stalls, chunk_p99_ms=round(stats.chunk_p99_ms, 2))
-        reported = _STATS_PHASES.get(stats.phase)
-        if reported is not None:
-            new_phase = reported
+        if stats.phase in _WORKER_REPORTED_PHASES:
+            new_phase = r.SessionPhase(stats.phase)
         if new_phase == r.SessionPhase.STREAMING:
             reason, message = "Streaming", f"streaming on worker {worker}"
             if not status.get("startedAt"):
@@ -208,7 +203,7 @@ def progress_session(
             reason = "WorkerEnded" if new_phase == r.SessionPhase.ENDED else "WorkerFailed"
             message = f"worker {worker} ended the session: {stats.end_reason or 'no reason given'}"
             registry.release(pool, worker, sid)
-        if stats.flags.fusedGemmAllReduce:
+        if getattr(stats.flags, FUSED_GEMM_ALL_REDUCE):
             if stats.numerical_fault:
                 out.rollback = (pool, f"session {sid} reported a numerical fault on the fused path")
             elif stats.streamed_s >= r.SLO_MIN_STREAMED_SECONDS and stats.fps < r.SLO_MIN_FPS:
@@ -253,10 +248,10 @@ def release_session(ref: SessionRef, spec: r.CharacterSessionSpec, status: dict[
 def auto_rollback(flags: FlagStore, pool: str, reason: str) -> FlagSet | None:
     """Turn the fused path off for `pool` if it is on. Returns the new FlagSet, or None if already off."""
     current = flags.get(pool)
-    if not getattr(current.values, FUSED_FLAG):
+    if not getattr(current.values, FUSED_GEMM_ALL_REDUCE):
         return None
-    log.warning("auto-rollback of %s in pool %s: %s", FUSED_FLAG, pool, reason)
-    return flags.set(pool, {FUSED_FLAG: False}, actor=AUTO_ROLLBACK_ACTOR, reason=reason)
+    log.warning("auto-rollback of %s in pool %s: %s", FUSED_GEMM_ALL_REDUCE, pool, reason)
+    return flags.set(pool, {FUSED_GEMM_ALL_REDUCE: False}, actor=AUTO_ROLLBACK_ACTOR, reason=reason)
 
 
 # ------------------------------------------------------------------------------------------- pools

@@ -21,7 +21,8 @@ import time
 from typing import Any
 
 import redis
-from vivant.sessions.models import FlagChange, FlagSet, FlagValue, FlagValues, validate_flag_updates
+from vivant.apis.feature_flags import FlagValue, FlagValues, validate_flag_updates
+from vivant.sessions.models import FlagChange, FlagSet
 from vivant.sessions.registry import PREFIX, guarded, redis_client
 
 HISTORY_MAXLEN = 1000

@@ -20,8 +20,9 @@ import socket
 import sys
 from datetime import UTC, datetime
 
+from vivant.apis.feature_flags import KNOWN_FLAGS, FlagError, FlagValues
 from vivant.sessions.flags import FlagStore
-from vivant.sessions.models import KNOWN_FLAGS, FlagError, FlagSet, FlagValues
+from vivant.sessions.models import FlagSet
 from vivant.sessions.registry import RegistryUnavailable
 
 

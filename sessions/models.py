@@ -10,18 +10,18 @@ Wire shapes (all JSON objects):
   EndRequest     operator -> worker inbox  {"kind": "end", "session_id", "reason"}
   SessionStats   worker -> registry        phase, fps (frames/s), stalls, chunk p99 (ms), streamed (s)
   PoolCounts     registry -> operator      registered / loading / idle / busy / draining worker counts
-  FlagValues     the one typed table of live feature flags (name, type, default)
   FlagSet        a pool's flag values plus their version and who changed them last
   FlagChange     one entry of a pool's flag history (who, when, old -> new, reason)
 
 The token is a `SecretStr`: `repr`, `str` and plain `model_dump_json()` show `**********`. Only
-`Assignment.to_wire()` writes the real value, for the worker's inbox.
+`Assignment.to_wire()` writes the real value, for the worker's inbox. The flag values themselves
+(`FlagValues`) and the session phases (`SessionPhase`) are defined once, in `vivant.apis`.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
@@ -34,12 +34,11 @@ from pydantic import (
     field_serializer,
     field_validator,
 )
+from vivant.apis.feature_flags import FlagError, FlagValue, FlagValues, validate_flag_updates
+from vivant.apis.resources import SessionPhase
 
 # A Kubernetes-ish identifier: pod names, pool names, session ids ("namespace/name" or a uid).
 Ident = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
-FlagValue = bool | int | str
-
-SessionPhase = Literal["Pending", "Assigned", "Connecting", "Streaming", "Ended", "Failed"]
 
 
 class _Strict(BaseModel):
@@ -58,44 +57,8 @@ class _Tolerant(BaseModel):
 
 
 # ---------------------------------------------------------------------------------------------
-# Feature flags: the one typed table. Add a flag = add a field here (with a default and a description).
+# Flag sets and their history (the flag table itself: vivant.apis.feature_flags)
 # ---------------------------------------------------------------------------------------------
-
-
-class FlagValues(_Tolerant):
-    """Live feature flags of a worker pool. Defaults are the conservative path."""
-
-    fusedGemmAllReduce: bool = Field(  # noqa: N815 (the name users type on the CLI and in the CRD)
-        default=False,
-        description="use the GEMM fused with the tensor-parallel all-reduce (symmetric memory, no NVLS)",
-    )
-
-
-KNOWN_FLAGS: dict[str, type] = {name: f.annotation for name, f in FlagValues.model_fields.items()}  # type: ignore[misc]
-
-
-class FlagError(ValueError):
-    """A flag update names an unknown flag or gives a value of the wrong type."""
-
-
-def validate_flag_updates(updates: dict[str, Any]) -> dict[str, FlagValue]:
-    """Check names and coerce values ("false" -> False for bool flags). Raises FlagError naming the flag."""
-    unknown = sorted(set(updates) - set(KNOWN_FLAGS))
-    if unknown:
-        raise FlagError(f"unknown flag(s) {', '.join(map(repr, unknown))}; known flags: {', '.join(KNOWN_FLAGS)}")
-    out: dict[str, FlagValue] = {}
-    for name, raw in updates.items():
-        kind = KNOWN_FLAGS[name]
-        try:
-            value = TypeAdapter(kind).validate_python(raw, strict=False)
-        except ValidationError as exc:
-            raise FlagError(
-                f"flag {name!r}: expected {kind.__name__}, got {raw!r} ({exc.errors()[0]['msg']})"
-            ) from None
-        if kind is int and isinstance(value, bool):
-            raise FlagError(f"flag {name!r}: expected int, got {raw!r}")
-        out[name] = value
-    return out
 
 
 class FlagSet(_Tolerant):

@@ -1,9 +1,12 @@
 """Import-direction check (DESIGN.md §2), run by `make test`.
 
 Rules:
+  apis/      imports nothing of vivant but vivant.apis itself, and no torch, triton, kopf or kubernetes
+             (the API types are plain data every component and every image can import);
   kernels/   imports nothing of vivant but vivant.kernels itself (it is reusable on its own);
   operator/  never imports torch, triton or vivant.worker / vivant.kernels (the operator image has no torch);
-  sessions/  never imports torch or vivant.worker / vivant.kernels / vivant.operator;
+  gateway/   never imports torch, triton or vivant.worker / vivant.kernels / vivant.operator;
+  sessions/  never imports torch or vivant.worker / vivant.kernels / vivant.operator / vivant.gateway;
   worker/    may import vivant.kernels and vivant.sessions, never vivant.operator.
 Parses every module's AST (so lazy imports inside functions count too) and exits non-zero naming
 each offending file, line and import.
@@ -18,9 +21,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "apis": ("vivant", "torch", "triton", "kopf", "kubernetes"),
     "kernels": ("vivant",),
     "operator": ("torch", "triton", "vivant.worker", "vivant.kernels"),
-    "sessions": ("torch", "triton", "vivant.worker", "vivant.kernels", "vivant.operator"),
+    "gateway": ("torch", "triton", "vivant.worker", "vivant.kernels", "vivant.operator"),
+    "sessions": ("torch", "triton", "vivant.worker", "vivant.kernels", "vivant.operator", "vivant.gateway"),
     "worker": ("vivant.operator",),
 }
 
@@ -40,7 +45,8 @@ def violations(folder: str, banned: tuple[str, ...]) -> list[str]:
     for path in sorted((ROOT / folder).rglob("*.py")):
         tree = ast.parse(path.read_text(), filename=str(path))
         for lineno, name in imported_names(tree):
-            if folder == "kernels" and (name == "vivant.kernels" or name.startswith("vivant.kernels.")):
+            own = f"vivant.{folder}"
+            if name == own or name.startswith(own + "."):  # a folder may always import itself
                 continue
             for ban in banned:
                 if name == ban or name.startswith(ban + "."):

@@ -33,7 +33,7 @@ import threading
 from dataclasses import dataclass, field
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
-from vivant.sessions.resources import SLO_MIN_FPS, SLO_MIN_STREAMED_SECONDS
+from vivant.apis.resources import SLO_MIN_FPS, SLO_MIN_STREAMED_SECONDS
 
 # A chunk is 4 frames at 24 fps: 4 / 24 s = 166.7 ms. Buckets are dense around that budget so the
 # p99-over-budget alert interpolates inside a narrow bucket.

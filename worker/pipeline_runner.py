@@ -27,7 +27,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from vivant.sessions.models import Assignment, FlagValues
+from vivant.apis.feature_flags import FlagValues
+from vivant.sessions.models import Assignment
 from vivant.worker.pipeline import StreamPipeline, StreamReport
 from vivant.worker.service import MAX_DURATION_REASON, ChunkReport, SessionEnded
 from vivant.worker.sinks import FrameSink, Mp4Sink, NullSink

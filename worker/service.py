@@ -45,8 +45,9 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 import numpy as np
+from vivant.apis.feature_flags import FlagValues
 from vivant.sessions.flags import FlagStore, FlagWatcher
-from vivant.sessions.models import Assignment, EndRequest, FlagSet, FlagValues, SessionStats, WorkerInfo
+from vivant.sessions.models import Assignment, EndRequest, FlagSet, SessionStats, WorkerInfo
 from vivant.sessions.registry import Registry, RegistryUnavailable, redis_client
 from vivant.worker.engine import ENGINES
 from vivant.worker.metrics import WorkerMetrics

@@ -1,6 +1,6 @@
 """The agent plugin (`VivantAvatarSession`) talking HTTP to the real session API app.
 
-The plugin's request is the hosted-avatar body; here it goes to `vivant.sessions.api` served by aiohttp
+The plugin's request is the hosted-avatar body; here it goes to `vivant.gateway.server` served by aiohttp
 on a loopback port, over a Kubernetes API emulator (kmock: no kube-apiserver can run here). Shown: the
 plugin's POST creates a CharacterSession whose token sits in a Secret, an API error reaches the plugin
 as `VivantAvatarError` with status and code, and the plugin's DELETE ends the session. `start()` itself
@@ -16,9 +16,9 @@ import kubernetes
 import pytest
 from aiohttp.test_utils import TestServer
 from test_session_api import EVENTS, NS, POOLS, SECRETS, SESSIONS, TOKEN, StampingEmulator, _objects, _pool
-from vivant.sessions import api as session_api
-from vivant.sessions import resources as r
-from vivant.sessions.agent_plugin import VivantAvatarError, VivantAvatarSession, session_request_body
+from vivant.apis import resources as r
+from vivant.gateway import server as session_api
+from vivant.gateway.agent_plugin import VivantAvatarError, VivantAvatarSession, session_request_body
 
 pytestmark = [pytest.mark.kmock(cls=StampingEmulator), pytest.mark.timeout(60)]
 KEY = "vk_plugin_key_0123456789"
@@ -77,3 +77,16 @@ def test_plugin_needs_an_api_url_and_key(monkeypatch: pytest.MonkeyPatch) -> Non
         VivantAvatarSession(avatar_id="ada", api_key=KEY)
     with pytest.raises(VivantAvatarError, match="api_key"):
         VivantAvatarSession(avatar_id="ada", api_url="http://x")
+
+
+def test_plugin_checks_its_body_with_the_gateways_model() -> None:
+    """The body is validated by the gateway's own request model before it is sent; the error names the field."""
+    assert session_request_body(avatar_id="ada", livekit_url="wss://lk.example.com", token=TOKEN, room="room-1",
+                                agent_identity="agent-1", max_duration_s=None)["livekit"]["roomName"] == "room-1"
+    with pytest.raises(VivantAvatarError, match=r"^session request: livekit\.roomName: ") as err:
+        session_request_body(avatar_id="ada", livekit_url="wss://lk.example.com", token=TOKEN, room="room 1",
+                             agent_identity="agent-1", max_duration_s=120)
+    assert TOKEN not in str(err.value)
+    with pytest.raises(VivantAvatarError, match=r"maxDuration"):
+        session_request_body(avatar_id="ada", livekit_url="wss://lk.example.com", token=TOKEN, room="room-1",
+                             agent_identity="agent-1", max_duration_s=5)

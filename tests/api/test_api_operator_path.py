@@ -28,11 +28,11 @@ from test_session_api import (
     _pool,
     body,
 )
+from vivant.apis import resources as r
+from vivant.apis.livekit_token import LiveKitCredentials
+from vivant.gateway import server as session_api
 from vivant.operator import kube as operator_kube
 from vivant.operator import reconcile
-from vivant.operator.livekit_tokens import LiveKitCredentials
-from vivant.sessions import api as session_api
-from vivant.sessions import resources as r
 from vivant.sessions.models import Assignment, WorkerInfo
 from vivant.sessions.registry import Registry
 

@@ -1,4 +1,4 @@
-"""Session REST API (`vivant.sessions.api`) over HTTP, against a Kubernetes API emulator.
+"""Session gateway (`vivant.gateway.server`) over HTTP, against a Kubernetes API emulator.
 
 Stand-in: no kube-apiserver can run here (ENVIRONMENT.md), so the Kubernetes API is kmock's
 `KubernetesEmulator`, subclassed to stamp `uid`/`creationTimestamp` on create like a real server. It
@@ -27,9 +27,9 @@ import kubernetes
 import pytest
 import yaml
 from aiohttp.test_utils import TestClient, TestServer
-from vivant.operator import crdgen
-from vivant.sessions import api as session_api
-from vivant.sessions import resources as r
+from vivant.apis import crdgen
+from vivant.apis import resources as r
+from vivant.gateway import server as session_api
 
 NS = "team-a"
 KEY = "vk_test_0123456789abcdef"
@@ -393,7 +393,7 @@ async def test_kubernetes_unreachable_is_503_with_retry_after(caplog: pytest.Log
 
 async def test_requests_are_counted_by_route_template(kube: Any, kmock: Any) -> None:
     from prometheus_client import CollectorRegistry
-    from vivant.sessions.api_metrics import ApiMetrics
+    from vivant.gateway.metrics import ApiMetrics
 
     for res in (SESSIONS, POOLS, SECRETS, EVENTS):
         kmock.resources[f"{res.group}/{res.version}/{res.plural}".lstrip("/")] = {}

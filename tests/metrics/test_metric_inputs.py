@@ -9,8 +9,8 @@ import math
 
 import pytest
 from prometheus_client import CollectorRegistry
+from vivant.gateway.metrics import ApiMetrics
 from vivant.operator.metrics import OperatorMetrics
-from vivant.sessions.api_metrics import ApiMetrics
 from vivant.worker.metrics import REFERENCE_OBJECTIVE, WorkerMetrics
 
 POOL = "ns/pool"

@@ -1,5 +1,5 @@
-"""Built-in objects the operator renders pass `kubernetes-validate --strict` (Kubernetes 1.31 schemas),
-and the LiveKit worker token has the promised shape (verified with livekit-api's own TokenVerifier)."""
+"""Built-in objects the operator renders pass `kubernetes-validate --strict` (Kubernetes 1.31 schemas).
+(The avatar's LiveKit token, which the operator also mints, is tested in tests/livekit/test_avatar_tokens.py.)"""
 
 from __future__ import annotations
 
@@ -9,10 +9,8 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from livekit import api as lkapi
+from vivant.apis import resources as r
 from vivant.operator import builders as b
-from vivant.operator.livekit_tokens import PUBLISH_ON_BEHALF_ATTRIBUTE, LiveKitCredentials, mint_worker_token
-from vivant.sessions import resources as r
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S_VERSION = "1.31"
@@ -88,33 +86,3 @@ def test_conditions_keep_transition_time_until_status_flips():
     assert c[0]["lastTransitionTime"] == "2026-01-01T00:00:00Z" and c[0]["reason"] == "StillWaiting"
     c = b.set_condition(c, "Ready", True, "Streaming", now=t1)
     assert c[0]["lastTransitionTime"] == "2026-01-01T00:05:00Z" and c[0]["status"] == "True"
-
-
-class TestWorkerToken:
-    CREDS = LiveKitCredentials("APIkey123", "s" * 32)
-
-    def test_claims(self):
-        token = mint_worker_token(self.CREDS, room="demo-room", identity="vivant-avatar-ada", agent_identity="agent-1",
-                                  ttl=datetime.timedelta(minutes=5))
-        claims = lkapi.TokenVerifier(self.CREDS.api_key, self.CREDS.api_secret).verify(token)
-        assert claims.kind == "agent"
-        assert claims.identity == "vivant-avatar-ada"
-        assert claims.video.room == "demo-room" and claims.video.room_join is True
-        assert not claims.video.room_create and not claims.video.room_admin
-        assert claims.attributes == {PUBLISH_ON_BEHALF_ATTRIBUTE: "agent-1"}
-
-    def test_short_ttl(self):
-        token = mint_worker_token(self.CREDS, room="r", identity="i", agent_identity="a", ttl=datetime.timedelta(minutes=5))
-        import jwt
-
-        payload = jwt.decode(token, options={"verify_signature": False})
-        assert 0 < payload["exp"] - payload["nbf"] <= 300, payload
-
-    def test_refuses_long_ttl_and_empty_credentials(self):
-        with pytest.raises(ValueError, match="ttl"):
-            mint_worker_token(self.CREDS, room="r", identity="i", agent_identity="a", ttl=datetime.timedelta(hours=6))
-        with pytest.raises(ValueError, match="api_secret"):
-            LiveKitCredentials("key", "")
-
-    def test_secret_hidden_in_repr(self):
-        assert "s" * 32 not in repr(self.CREDS)

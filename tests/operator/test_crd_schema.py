@@ -19,8 +19,8 @@ import jsonschema
 import pydantic
 import pytest
 import yaml
-from vivant.operator import crdgen
-from vivant.sessions import resources as r
+from vivant.apis import crdgen
+from vivant.apis import resources as r
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +30,8 @@ def _load(name: str) -> dict[str, Any]:
 
 
 SESSION = _load("charactersession.yaml")
-POOL = _load("workerpool.yaml")
+POOL = _load("production/workerpool-h200-57b.yaml")
+LOCAL_POOL = _load("workerpool.yaml")
 
 
 def _strict(node: Any) -> Any:
@@ -168,7 +169,7 @@ class TestGeneratedCrds:
         for name, text in crdgen.render_all().items():
             path = ROOT / "crds" / name
             assert path.exists(), f"{path} is missing: run `make crds`"
-            assert path.read_text() == text, f"{path} differs from sessions/resources.py: run `make crds`"
+            assert path.read_text() == text, f"{path} differs from apis/resources.py + apis/feature_flags.py: run `make crds`"
 
     def test_names_scope_and_subresources(self):
         cs, wp = crdgen.session_crd(), crdgen.pool_crd()

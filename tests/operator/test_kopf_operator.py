@@ -23,9 +23,10 @@ import pytest
 from conftest import RedisServer
 from kopf.testing import KopfRunner
 from kube_emulator import ApiServerEmulator
-from vivant.sessions import resources as r
+from vivant.apis import resources as r
+from vivant.apis.feature_flags import FlagValues
 from vivant.sessions.flags import FlagStore
-from vivant.sessions.models import Assignment, EndRequest, FlagValues, SessionStats, WorkerInfo
+from vivant.sessions.models import Assignment, EndRequest, SessionStats, WorkerInfo
 from vivant.sessions.registry import Registry, RegistryUnavailable
 
 pytestmark = [pytest.mark.kmock(cls=ApiServerEmulator), pytest.mark.timeout(120)]

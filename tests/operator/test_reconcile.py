@@ -11,11 +11,12 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from vivant.apis import resources as r
+from vivant.apis.feature_flags import FlagValues
+from vivant.apis.livekit_token import LiveKitCredentials
 from vivant.operator import reconcile as rc
-from vivant.operator.livekit_tokens import LiveKitCredentials
-from vivant.sessions import resources as r
 from vivant.sessions.flags import FlagStore
-from vivant.sessions.models import Assignment, EndRequest, FlagValues, SessionStats, WorkerInfo
+from vivant.sessions.models import Assignment, EndRequest, SessionStats, WorkerInfo
 from vivant.sessions.registry import Registry
 
 NS, POOL_NAME = "default", "h200"

@@ -6,8 +6,9 @@ import threading
 import time
 
 import pytest
+from vivant.apis.feature_flags import FlagError, FlagValues
 from vivant.sessions.flags import FlagStore, FlagWatcher
-from vivant.sessions.models import FlagError, FlagSet, FlagValues
+from vivant.sessions.models import FlagSet
 
 POOL = "ns/gpu-pool"
 

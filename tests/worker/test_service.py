@@ -11,8 +11,9 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from vivant.apis.feature_flags import FlagValues
 from vivant.sessions.flags import FlagStore
-from vivant.sessions.models import Assignment, FlagValues, WorkerInfo
+from vivant.sessions.models import Assignment, WorkerInfo
 from vivant.sessions.registry import Registry
 from vivant.worker.service import ChunkReport, GeneratorRunner, WorkerService
 

@@ -37,8 +37,9 @@ from livekit import rtc
 from livekit.agents.voice.avatar import AvatarRunner, QueueAudioOutput
 from livekit.rtc._proto import handle_pb2
 from livekit.rtc._proto import participant_pb2 as proto_participant
+from vivant.apis.feature_flags import FlagValues
 from vivant.sessions.flags import FlagStore
-from vivant.sessions.models import Assignment, FlagValues, SessionStats, WorkerInfo
+from vivant.sessions.models import Assignment, SessionStats, WorkerInfo
 from vivant.sessions.registry import Registry
 from vivant.worker.config import ModelConfig
 from vivant.worker.livekit_avatar import AvatarJoin, EndReason, LiveKitSessionRunner, VivantVideoGenerator

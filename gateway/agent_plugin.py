@@ -2,15 +2,17 @@
 
 Why: a LiveKit voice agent adds a hosted avatar in three lines (`AvatarSession(...)`,
 `await avatar.start(session, room=ctx.room)`, then start the AgentSession). This class keeps those
-three lines and points them at a vivant session API (`vivant api`) instead of a hosted service:
+three lines and points them at a vivant session gateway (`vivant api`) instead of a hosted service.
+It is the gateway's client half, so it lives next to the server (`vivant.gateway.server`) and builds
+its request from the server's own route and body models: the two cannot disagree.
 
-1. mint a LiveKit token for the avatar participant: kind `agent`, identity `avatar_identity`,
-   grants to join this one room and publish/subscribe/data (nothing else), attribute
-   `lk.publish_on_behalf` = the agent's identity (so LiveKit clients show the avatar's video as the
-   agent's);
+1. mint a LiveKit token for the avatar participant with `vivant.apis.livekit_token.mint_avatar_token`
+   (kind `agent`, identity `avatar_identity`, this one room, `lk.publish_on_behalf` = the agent's
+   identity, so LiveKit clients show the avatar's video as the agent's);
 2. `POST {api_url}/v1/realtime_sessions` with the same body the hosted-avatar plugins send (`avatar`,
-   `livekit: {url, token, roomName, agentIdentity}`, `maxDuration`) and a bearer API key; the API
-   answers `{"id"}` (or a JSON error, raised here as `VivantAvatarError` with status and code);
+   `livekit: {url, token, roomName, agentIdentity}`, `maxDuration`; `vivant.gateway.models`) and a
+   bearer API key; the gateway answers `{"id"}` (or a JSON error, raised here as `VivantAvatarError`
+   with status and code);
 3. route the agent's audio to the avatar: `agent_session.output.audio = DataStreamAudioOutput(...)`
    (byte streams on `lk.audio_stream`, interrupts via `lk.clear_buffer`), waiting for the avatar's
    video track before the first word;
@@ -30,16 +32,19 @@ import os
 from typing import Any
 
 import aiohttp
-from livekit import api, rtc
+from livekit import rtc
 from livekit.agents import AgentSession, get_job_context
 from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
+from pydantic import ValidationError
+from vivant.apis.livekit_token import LiveKitCredentials, mint_avatar_token
+from vivant.gateway import models as m
 
 log = logging.getLogger(__name__)
 
-PUBLISH_ON_BEHALF_ATTRIBUTE = "lk.publish_on_behalf"
 DEFAULT_AVATAR_IDENTITY = "vivant-avatar"
+# The plugin's token waits in the gateway's Secret until a worker is assigned: a little longer than the operator's.
+AVATAR_TOKEN_TTL = datetime.timedelta(minutes=15)
 SAMPLE_RATE = 16_000
-SESSIONS_PATH = "/v1/realtime_sessions"
 
 
 class VivantAvatarError(RuntimeError):
@@ -50,30 +55,30 @@ class VivantAvatarError(RuntimeError):
         self.status, self.code = status, code
 
 
-def mint_avatar_token(*, api_key: str, api_secret: str, room: str, avatar_identity: str, agent_identity: str,
-                      ttl: datetime.timedelta = datetime.timedelta(minutes=15)) -> str:
-    """The avatar participant's token: one room, publish/subscribe/data, publishing on behalf of the agent."""
-    if not api_key or not api_secret:
-        raise VivantAvatarError("LiveKit api_key and api_secret are required to mint the avatar's token")
-    grants = api.VideoGrants(room_join=True, room=room, can_publish=True, can_subscribe=True, can_publish_data=True)
-    return (api.AccessToken(api_key, api_secret)
-            .with_kind("agent")
-            .with_identity(avatar_identity)
-            .with_name(avatar_identity)
-            .with_grants(grants)
-            .with_attributes({PUBLISH_ON_BEHALF_ATTRIBUTE: agent_identity})
-            .with_ttl(ttl)
-            .to_jwt())
+def livekit_credentials(api_key: str | None = None, api_secret: str | None = None) -> LiveKitCredentials:
+    """The agent's LiveKit API key and secret: the arguments, else `LIVEKIT_API_KEY` / `LIVEKIT_API_SECRET`."""
+    key = api_key or os.environ.get("LIVEKIT_API_KEY", "")
+    secret = api_secret or os.environ.get("LIVEKIT_API_SECRET", "")
+    if not key or not secret:
+        raise VivantAvatarError("LiveKit api_key and api_secret are required to mint the avatar's token "
+                                "(pass them or set LIVEKIT_API_KEY and LIVEKIT_API_SECRET)")
+    return LiveKitCredentials(key, secret)
 
 
 def session_request_body(*, avatar_id: str, livekit_url: str, token: str, room: str, agent_identity: str,
                          max_duration_s: int | None) -> dict[str, Any]:
+    """The POST body, checked against the gateway's own request model (a bad value fails here, not at the server)."""
     body: dict[str, Any] = {
         "avatar": {"type": "custom", "avatarId": avatar_id},
         "livekit": {"url": livekit_url, "token": token, "roomName": room, "agentIdentity": agent_identity},
     }
     if max_duration_s is not None:
         body["maxDuration"] = int(max_duration_s)
+    try:
+        m.CreateSessionRequest.model_validate(body)
+    except ValidationError as exc:  # names the field, never echoes the token
+        path, msg = m.first_validation_problem(exc)
+        raise VivantAvatarError(f"session request: {path}: {msg}") from None
     return body
 
 
@@ -111,7 +116,7 @@ class VivantAvatarSession(AvatarSession):
     async def create_session(self, body: dict[str, Any]) -> str:
         """POST the session; returns its id. Errors carry the API's status and code."""
         async with aiohttp.ClientSession(timeout=self._timeout) as http, \
-                http.post(self.api_url + SESSIONS_PATH, json=body, headers=self._headers()) as resp:
+                http.post(self.api_url + m.ROUTE_COLLECTION, json=body, headers=self._headers()) as resp:
             text = await resp.text()
             if resp.status != 201:
                 code = None
@@ -129,7 +134,7 @@ class VivantAvatarSession(AvatarSession):
         if self.session_id is None:
             return
         async with aiohttp.ClientSession(timeout=self._timeout) as http, \
-                http.delete(f"{self.api_url}{SESSIONS_PATH}/{self.session_id}", headers=self._headers()) as resp:
+                http.delete(f"{self.api_url}{m.ROUTE_COLLECTION}/{self.session_id}", headers=self._headers()) as resp:
             if resp.status not in (204, 404):
                 log.warning("vivant API: DELETE session answered %s", resp.status)
 
@@ -138,9 +143,8 @@ class VivantAvatarSession(AvatarSession):
         await super().start(agent_session, room)
         agent_identity = get_job_context().local_participant_identity
         token = mint_avatar_token(
-            api_key=livekit_api_key or os.environ.get("LIVEKIT_API_KEY", ""),
-            api_secret=livekit_api_secret or os.environ.get("LIVEKIT_API_SECRET", ""),
-            room=room.name, avatar_identity=self._avatar_identity, agent_identity=agent_identity)
+            livekit_credentials(livekit_api_key, livekit_api_secret), room=room.name,
+            identity=self._avatar_identity, agent_identity=agent_identity, ttl=AVATAR_TOKEN_TTL)
         url = livekit_url or os.environ.get("LIVEKIT_URL", "")
         if not url:
             raise VivantAvatarError("livekit_url: pass it or set LIVEKIT_URL")

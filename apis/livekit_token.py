@@ -1,4 +1,8 @@
-"""Mint the LiveKit access token a worker uses to join a session's room (livekit-api).
+"""The LiveKit access token that puts a vivant avatar in a room: the one minter (livekit-api).
+
+Two parties mint it, with the same function: the operator, for a worker it assigns a session to
+(stored in a Secret owned by the CharacterSession, handed to the worker inside the Redis assignment),
+and the voice agent's plugin (`vivant.gateway.agent_plugin`), which gives it to the session gateway.
 
 The token is a JWT signed with the LiveKit API secret. Its shape follows LiveKit's avatar-worker
 convention: participant kind `agent`, grants scoped to the one room (join, publish, subscribe, data;
@@ -6,8 +10,7 @@ no room creation or admin), a short time-to-live (the server refreshes tokens of
 participants, so the TTL only bounds how long a leaked token can be used to join), and the attribute
 `lk.publish_on_behalf` naming the voice agent whose speech the avatar's video belongs to.
 
-The operator stores the token in a Secret owned by the CharacterSession and passes it to the worker
-inside the Redis assignment; it never writes it into spec, status, events or logs.
+Whoever mints it never writes it into a spec, status, event or log.
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ from livekit import api as lkapi
 
 PUBLISH_ON_BEHALF_ATTRIBUTE = "lk.publish_on_behalf"
 DEFAULT_TTL = datetime.timedelta(minutes=10)
+MAX_TTL = datetime.timedelta(hours=1)
 
 
 @dataclass(frozen=True)
 class LiveKitCredentials:
-    """API key and secret of the LiveKit project (from the operator's Secret/env, never from a CR)."""
+    """API key and secret of the LiveKit project (from a Secret or the environment, never from a CR)."""
 
     api_key: str
     api_secret: str
@@ -37,11 +41,11 @@ class LiveKitCredentials:
 
 
 def avatar_identity(session_name: str) -> str:
-    """The LiveKit identity of the avatar worker in a session's room."""
+    """The LiveKit identity the operator gives the avatar worker of a CharacterSession."""
     return f"vivant-avatar-{session_name}"
 
 
-def mint_worker_token(
+def mint_avatar_token(
     credentials: LiveKitCredentials,
     *,
     room: str,
@@ -49,9 +53,13 @@ def mint_worker_token(
     agent_identity: str,
     ttl: datetime.timedelta = DEFAULT_TTL,
 ) -> str:
-    """A room-scoped `agent` token for the avatar worker; returns the signed JWT."""
-    if ttl <= datetime.timedelta(0) or ttl > datetime.timedelta(hours=1):
-        raise ValueError(f"ttl must be in (0, 1 h] for a worker token, got {ttl}")
+    """A room-scoped `agent` token for the avatar participant `identity`, publishing on behalf of
+    `agent_identity`; `ttl` in (0, 1 h]. Returns the signed JWT."""
+    for name, value in (("room", room), ("identity", identity), ("agent_identity", agent_identity)):
+        if not value:
+            raise ValueError(f"{name}: expected a non-empty LiveKit name for the avatar's token")
+    if ttl <= datetime.timedelta(0) or ttl > MAX_TTL:
+        raise ValueError(f"ttl must be in (0, 1 h] for an avatar token, got {ttl}")
     grants = lkapi.VideoGrants(
         room_join=True,
         room=room,

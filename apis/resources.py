@@ -1,11 +1,15 @@
-"""The typed source of vivant's two custom resources: CharacterSession and WorkerPool.
+"""The vivant.dev/v1alpha1 custom resources: CharacterSession (`cs`) and WorkerPool (`wp`).
 
 One set of pydantic models is the truth for three consumers:
-- `vivant.operator.crdgen` turns them into the CRDs in `crds/` (openAPIV3Schema with bounds, enums,
+- `vivant.apis.crdgen` turns them into the CRDs in `crds/` (openAPIV3Schema with bounds, enums,
   patterns and CEL rules), so the API server rejects malformed objects before the operator sees them;
 - the operator parses every object it reconciles with them (defence in depth: a CRD installed by hand
   may be older than the operator);
-- the session API and the worker share the same field names.
+- the session gateway writes CharacterSessions through them, and the worker's reports use the same
+  `SessionPhase`.
+
+Also here: the group/version/kind names, the SLO the auto-rollback guards, and `pool_key` (a pool's id
+in Redis). The `spec.flags` models are derived from the flag table in `vivant.apis.feature_flags`.
 
 Field names are camelCase in YAML (`alias_generator=to_camel`) and snake_case in Python; specs forbid
 unknown fields. Units are in the field names (`...Seconds`, `...Fps`). This module imports neither kopf
@@ -25,6 +29,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+from vivant.apis.feature_flags import FlagOverrides, PoolFlags
 
 GROUP = "vivant.dev"
 VERSION = "v1alpha1"
@@ -84,23 +89,6 @@ class Condition(_StatusModel):
     message: Annotated[str, Field(max_length=1024)] = ""
     last_transition_time: datetime | None = None
     observed_generation: Annotated[int, Field(ge=0)] | None = None
-
-
-class FeatureFlags(_Model):
-    """Live feature flags of a pool, applied by workers at the next chunk boundary (no restart).
-
-    Add a flag by adding a field here; `make crds` carries it into the schema.
-    """
-
-    fused_gemm_all_reduce: bool = Field(
-        default=False, description="Use the GEMM fused with the tensor-parallel all-reduce (faster path)."
-    )
-
-
-class FlagOverrides(_Model):
-    """Per-session overrides of pool flags; an unset field inherits the pool's value."""
-
-    fused_gemm_all_reduce: bool | None = None
 
 
 # ---------------------------------------------------------------------------------------- CharacterSession
@@ -246,7 +234,7 @@ class WorkerPoolSpec(_Model):
         default=1, description="Warm idle workers to keep ready (the scale subresource's replicas)."
     )
     max_workers: Annotated[int, Field(ge=1, le=256)] = Field(description="Upper bound on workers (pods) in the pool.")
-    flags: FeatureFlags = Field(default_factory=FeatureFlags)
+    flags: PoolFlags = Field(default_factory=PoolFlags)
 
     @model_validator(mode="after")
     def _check_bounds(self) -> WorkerPoolSpec:

@@ -1,4 +1,6 @@
-"""Request and response bodies of the session REST API (`vivant api`), checked with pydantic at the door.
+"""The session gateway's wire contract (`vivant api`): its routes and its request and response bodies,
+checked with pydantic at the door. The server (`vivant.gateway.server`) and its client, the agent plugin
+(`vivant.gateway.agent_plugin`), both build on these.
 
 Why these shapes: `POST /v1/realtime_sessions` accepts the body that LiveKit's hosted-avatar plugins
 send (the `livekit-plugins-runway` contract), so an existing agent only changes its base URL and key:
@@ -19,8 +21,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from pydantic.alias_generators import to_camel
-from vivant.sessions import resources as r
+from vivant.apis import resources as r
 
+ROUTE_COLLECTION = "/v1/realtime_sessions"
+ROUTE_ITEM = "/v1/realtime_sessions/{id}"
 MAX_TOKEN_CHARS = 8192
 
 
@@ -78,13 +82,13 @@ class SessionStatusResponse(_Body):
     ended_at: str | None = None
 
 
-STATUS_OF_PHASE: dict[str, str] = {
-    r.SessionPhase.PENDING.value: "NOT_READY",
-    r.SessionPhase.ASSIGNED.value: "NOT_READY",
-    r.SessionPhase.CONNECTING.value: "NOT_READY",
-    r.SessionPhase.STREAMING.value: "RUNNING",
-    r.SessionPhase.ENDED.value: "COMPLETED",
-    r.SessionPhase.FAILED.value: "FAILED",
+STATUS_OF_PHASE: dict[r.SessionPhase, str] = {
+    r.SessionPhase.PENDING: "NOT_READY",
+    r.SessionPhase.ASSIGNED: "NOT_READY",
+    r.SessionPhase.CONNECTING: "NOT_READY",
+    r.SessionPhase.STREAMING: "RUNNING",
+    r.SessionPhase.ENDED: "COMPLETED",
+    r.SessionPhase.FAILED: "FAILED",
 }
 
 

@@ -1,11 +1,12 @@
-"""Prometheus metrics of the session REST API: requests by method, route and status code, and their duration.
+"""Prometheus metrics of the session gateway: requests by method, route and status code, and their duration.
 
-Why `route` and not the path: the route template (`/v1/realtime_sessions/{name}`) keeps the label set
+Why `route` and not the path: the route template (`/v1/realtime_sessions/{id}`) keeps the label set
 bounded; a raw path would mint a series per session name. `middleware()` gives an aiohttp middleware
 that records both series for every request, including ones answered by an exception (`HTTPNotFound`
-and friends carry `.status`; anything else counts as 500). This module imports no web framework, so
-`vivant.sessions` stays importable without aiohttp. `handler` serves the registry at `/metrics` on the
-API's own port (the chart's monitors scrape it there): `app.router.add_get("/metrics", metrics.handler)`.
+and friends carry `.status`; anything else counts as 500). This module imports aiohttp only inside
+`handler`, so the metric set can be used and tested without a web server. `handler` serves the
+registry at `/metrics` on the gateway's own port (the chart's monitors scrape it there):
+`app.router.add_get("/metrics", metrics.handler)`.
 
 Series:
 
@@ -83,7 +84,6 @@ class ApiMetrics:
         record_request.__middleware_version__ = 1  # type: ignore[attr-defined]
         return record_request
 
-
     async def handler(self, request: Any) -> Any:
         """aiohttp handler of GET /metrics: the registry in the Prometheus text format."""
         from aiohttp import web
@@ -94,7 +94,7 @@ class ApiMetrics:
 
 
 def route_template(request: Any) -> str:
-    """The matched route's template (e.g. `/v1/realtime_sessions/{name}`), or 'unmatched'."""
+    """The matched route's template (e.g. `/v1/realtime_sessions/{id}`), or 'unmatched'."""
     try:
         info = request.match_info.route.resource
     except AttributeError:

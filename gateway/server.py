@@ -1,4 +1,4 @@
-"""`vivant api`: the session REST API that hosted-avatar plugins of LiveKit agents already speak.
+"""`vivant api`: the session gateway, the REST API that hosted-avatar plugins of LiveKit agents already speak.
 
 Why it exists: a LiveKit voice agent that uses a hosted avatar (e.g. `livekit-plugins-runway`) starts
 the avatar with one POST and stops it with a data message or a DELETE. Serving the same contract lets
@@ -42,14 +42,12 @@ import pydantic
 import urllib3
 import yaml
 from aiohttp import web
-from vivant.sessions import api_models as m
-from vivant.sessions import resources as r
-from vivant.sessions.api_metrics import ApiMetrics
+from vivant.apis import resources as r
+from vivant.gateway import models as m
+from vivant.gateway.metrics import ApiMetrics
 
 log = logging.getLogger(__name__)
 
-ROUTE_COLLECTION = "/v1/realtime_sessions"
-ROUTE_ITEM = "/v1/realtime_sessions/{id}"
 TOKEN_KEY = "token"
 LABEL_API = "vivant.dev/created-by"
 ANNOTATION_AVATAR = "vivant.dev/avatar"
@@ -161,22 +159,13 @@ class SessionApi:
     def app(self) -> web.Application:
         middlewares = [self.metrics.middleware()] if self.metrics is not None else []
         app = web.Application(middlewares=[*middlewares, self._errors], client_max_size=MAX_BODY_BYTES)
-        app.router.add_post(ROUTE_COLLECTION, self.create)
-        app.router.add_get(ROUTE_ITEM, self.get)
-        app.router.add_delete(ROUTE_ITEM, self.delete)
+        app.router.add_post(m.ROUTE_COLLECTION, self.create)
+        app.router.add_get(m.ROUTE_ITEM, self.get)
+        app.router.add_delete(m.ROUTE_ITEM, self.delete)
         app.router.add_get("/healthz", self.healthz)
-        if self.metrics is not None:
-            app.router.add_get("/metrics", self.metrics_text)
+        if self.metrics is not None:  # unauthenticated, like /healthz: cluster-internal
+            app.router.add_get("/metrics", self.metrics.handler)
         return app
-
-    async def metrics_text(self, request: web.Request) -> web.Response:
-        """Prometheus exposition of the API's registry (unauthenticated, like /healthz: cluster-internal)."""
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-        assert self.metrics is not None
-        resp = web.Response(body=generate_latest(self.metrics.registry))
-        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
-        return resp
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
