@@ -370,8 +370,10 @@ class WorkerService:
             elapsed = time.monotonic() - t0
             reason = self._stop_reason(a, elapsed)
             if reason:
-                if self._lease_lost:
-                    phase = "Failed"  # the operator has already marked it Failed and reclaimed the slot
+                if self._lease_lost or self.stop.is_set():
+                    # lease lost: the operator has already marked it Failed and reclaimed the slot;
+                    # shutting down (pod deleted, node drained): the session is cut short, not done
+                    phase = "Failed"
                 break
             changed = self._in_loop(lambda v=version: self.watcher.changed_since(v), None)  # down: keep flags
             if changed is not None:

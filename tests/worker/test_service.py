@@ -154,13 +154,13 @@ class TestLifecycle:
         h.stop()
         assert h.registry.workers(POOL) == {}, "a stopped worker is still registered"
 
-    def test_shutdown_mid_session_records_the_end_and_releases(self, make):
+    def test_shutdown_mid_session_fails_it_with_the_reason_and_releases(self, make):
         h = make().start()
         h.assign(assignment())
         wait_for("Streaming", lambda: (s := h.registry.session_stats("ns/s1")) and s.phase == "Streaming")
         h.stop()
         final = h.registry.session_stats("ns/s1")
-        assert (final.phase, final.end_reason) == ("Ended", "worker shutting down"), final
+        assert (final.phase, final.end_reason) == ("Failed", "worker shutting down"), final
         assert h.registry.worker_of("ns/s1") is None and h.registry.lost_reason("ns/s1") is None
 
     def test_stale_assignment_without_lease_is_dropped(self, make):

@@ -1,0 +1,221 @@
+"""The control plane's flows on the real local cluster, with real `vivant worker` processes behind the pods:
+a session through the session API, live flags and the automatic rollback, a worker pod deleted
+mid-session, and the operator restarted mid-flight. The operator and the API are the helm-installed
+release (cluster-wide, under the chart's ServiceAccounts and RBAC)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+from conftest import CHART, RELEASE_NS, Kube, wait_for
+from vivant.devcluster.cluster import DEV_API_KEY, DEV_LIVEKIT_KEY, DEV_LIVEKIT_SECRET
+from vivant.sessions.registry import Registry
+
+CS = "charactersessions.vivant.dev"
+WP = "workerpools.vivant.dev"
+
+
+def pool(name: str, ns: str, *, max_workers: int = 1, min_idle: int = 1, fused: bool = False) -> dict[str, Any]:
+    return {
+        "apiVersion": "vivant.dev/v1alpha1", "kind": "WorkerPool", "metadata": {"name": name, "namespace": ns},
+        "spec": {"model": {"preset": "tiny", "checkpoint": "random://tiny"},
+                 "image": "ghcr.io/vivant-dev/vivant-worker:0.1.0", "gpusPerWorker": 2, "tensorParallel": 1,
+                 "runner": "pipeline", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                 "minIdle": min_idle, "maxWorkers": max_workers, "flags": {"fusedGemmAllReduce": fused}},
+    }
+
+
+def session(name: str, ns: str, pool_name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "vivant.dev/v1alpha1", "kind": "CharacterSession", "metadata": {"name": name, "namespace": ns},
+        "spec": {"character": "ada-v1", "pool": pool_name, "maxDurationSeconds": 600,
+                 "livekit": {"url": "ws://127.0.0.1:7880", "room": f"room-{name}", "agentIdentity": "agent-1"}},
+    }
+
+
+def status(kube: Kube, kind: str, name: str, ns: str) -> dict[str, Any]:
+    return (kube.get(kind, name, ns) or {}).get("status") or {}
+
+
+def streaming(kube: Kube, name: str, ns: str, timeout: float = 150) -> dict[str, Any]:
+    def check():
+        st = status(kube, CS, name, ns)
+        assert st.get("phase") not in ("Failed", "Ended"), st
+        return st if st.get("phase") == "Streaming" else None
+    return wait_for(check, f"session {ns}/{name} Streaming", timeout)
+
+
+def condition(obj_status: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    return next((c for c in obj_status.get("conditions") or [] if c["type"] == type_), None)
+
+
+def cleanup(kube: Kube, ns: str) -> None:
+    kube.kubectl("delete", CS, "--all", "-n", ns, "--wait=true", "--timeout=60s", check=False)
+    kube.kubectl("delete", WP, "--all", "-n", ns, "--wait=true", "--timeout=60s", check=False)
+
+
+@pytest.mark.timeout(360)
+def test_session_api_create_stream_delete(kube: Kube, vivant_release: str) -> None:
+    """POST /v1/realtime_sessions on the API pod -> Secret + CharacterSession -> Streaming; DELETE -> gone."""
+    from livekit import api as lkapi
+
+    kube.helm("upgrade", vivant_release, str(CHART), "-n", RELEASE_NS, "--reuse-values", "--wait", "--timeout", "120s",
+              "--set-json", 'api.avatars={"ada":{"character":"ada-v1","pool":"h100"}}')
+    kube.apply(pool("h100", RELEASE_NS))
+    try:
+        def api_port() -> int | None:
+            pods = [p for p in kube.items("pods", RELEASE_NS, "app.kubernetes.io/component=api")
+                    if not p["metadata"].get("deletionTimestamp")]
+            ports = [json.loads(p["metadata"].get("annotations", {}).get("dev.vivant.dev/host-ports", "{}")).get("http")
+                     for p in pods]
+            for port in ports:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                        if r.status == 200:
+                            return port
+                except (OSError, urllib.error.URLError):
+                    continue
+            return None
+
+        port = wait_for(api_port, "a session API pod answering /healthz", 90)
+        token = (lkapi.AccessToken(DEV_LIVEKIT_KEY, DEV_LIVEKIT_SECRET).with_identity("vivant-avatar")
+                 .with_kind("agent").with_grants(lkapi.VideoGrants(room_join=True, room="api-room")).to_jwt())
+        body = {"avatar": {"type": "custom", "avatarId": "ada"}, "maxDuration": 300,
+                "livekit": {"url": "ws://127.0.0.1:7880", "token": token, "roomName": "api-room",
+                            "agentIdentity": "agent-1"}}
+
+        def call(method: str, path: str, data: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+            req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
+                                         data=json.dumps(data).encode() if data is not None else None,
+                                         headers={"Authorization": f"Bearer {DEV_API_KEY}",
+                                                  "Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    return r.status, json.loads(r.read() or b"{}")
+            except urllib.error.HTTPError as exc:
+                return exc.code, json.loads(exc.read() or b"{}")
+
+        code, created = call("POST", "/v1/realtime_sessions", body)
+        assert code == 201, created
+        sid = created["id"]
+        objs = kube.items(CS, RELEASE_NS)
+        assert len(objs) == 1, objs
+        name = objs[0]["metadata"]["name"]
+        st = streaming(kube, name, RELEASE_NS)
+        secret = objs[0]["spec"]["livekit"]["tokenSecret"]
+        assert kube.get("secret", secret, RELEASE_NS) is not None
+        code, got = call("GET", f"/v1/realtime_sessions/{sid}")
+        assert code == 200 and "Streaming" in json.dumps(got), got
+        registry = Registry(kube.state.redis_url)
+        assert registry.worker_of(f"{RELEASE_NS}/{name}") == st["worker"]
+        code, _ = call("DELETE", f"/v1/realtime_sessions/{sid}")
+        assert code in (200, 202, 204), code
+        wait_for(lambda: kube.get(CS, name, RELEASE_NS) is None, "the session deleted (finalizer done)", 60)
+        wait_for(lambda: kube.get("secret", secret, RELEASE_NS) is None, "the token Secret garbage-collected", 30)
+        wait_for(lambda: registry.worker_of(f"{RELEASE_NS}/{name}") is None, "the lease released", 10)
+        wait_for(lambda: st["worker"] in registry.idle_workers(f"{RELEASE_NS}/h100"), "the worker idle again", 30)
+    finally:
+        cleanup(kube, RELEASE_NS)
+
+
+@pytest.mark.timeout(300)
+def test_flags_set_mid_session_and_the_automatic_rollback(kube: Kube, vivant_release: str, namespace: str) -> None:
+    """`vivant flags set` mid-session shows as FlagsMatchSpec=False/OverriddenOutsideSpec and reaches the worker;
+    a fused-path session below 23.5 fps (a tiny CPU worker streams well below it) turns the flag off by itself."""
+    ns = namespace
+    registry = Registry(kube.state.redis_url)
+    try:
+        # 1. the CLI override, on a pool whose spec leaves the fused path off
+        kube.apply(pool("manual", ns, fused=False))
+        kube.apply(session("s-manual", ns, "manual"))
+        streaming(kube, "s-manual", ns)
+        wait_for(lambda: (condition(status(kube, WP, "manual", ns), "FlagsMatchSpec") or {}).get("status") == "True",
+                 "FlagsMatchSpec=True before the override", 30)
+        out = subprocess.run([sys.executable, "-m", "vivant.cli", "flags", "set", "--pool", f"{ns}/manual",
+                              "--redis", kube.state.redis_url, "--reason", "test", "fusedGemmAllReduce=true"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        cond = wait_for(lambda: (c := condition(status(kube, WP, "manual", ns), "FlagsMatchSpec"))
+                        and c["status"] == "False" and c, "FlagsMatchSpec=False after `vivant flags set`", 30)
+        assert cond["reason"] in ("OverriddenOutsideSpec", "AutoRollback"), cond
+        # the running worker applied it at a chunk boundary (it reports the flags it runs with)
+        wait_for(lambda: (s := registry.session_stats(f"{ns}/s-manual")) and s.flags.fusedGemmAllReduce,
+                 "the worker running with fusedGemmAllReduce=true", 30)
+        cleanup(kube, ns)
+
+        # 2. the automatic rollback: the spec turns the fused path on, the session misses the fps SLO
+        kube.apply(pool("fused", ns, fused=True))
+        kube.apply(session("s-fused", ns, "fused"))
+        streaming(kube, "s-fused", ns)
+        cond = wait_for(lambda: (c := condition(status(kube, WP, "fused", ns), "FlagsMatchSpec"))
+                        and c["status"] == "False" and c, "the pool's rollback condition", 60)
+        assert cond["reason"] == "AutoRollback", cond
+        assert status(kube, WP, "fused", ns)["flags"]["fusedGemmAllReduce"] is False
+        events = kube.kubectl("get", "events", "-n", ns, "--field-selector", "reason=FlagRolledBack", "-o", "json").stdout
+        assert json.loads(events)["items"], "no FlagRolledBack Event"
+    finally:
+        cleanup(kube, ns)
+
+
+@pytest.mark.timeout(300)
+def test_worker_pod_deleted_mid_session_fails_over_within_10s(kube: Kube, vivant_release: str, namespace: str) -> None:
+    ns = namespace
+    registry = Registry(kube.state.redis_url)
+    try:
+        kube.apply(pool("fo", ns, max_workers=2, min_idle=1))
+        kube.apply(session("s-fo", ns, "fo"))
+        st = streaming(kube, "s-fo", ns)
+        worker = st["worker"]
+        wait_for(lambda: len(registry.idle_workers(f"{ns}/fo")) >= 1, "a second, idle worker", 120)
+        start = time.monotonic()
+        kube.kubectl("delete", "pod", worker, "-n", ns, "--wait=false")
+
+        def moved() -> dict[str, Any] | None:
+            s = status(kube, CS, "s-fo", ns)
+            if s.get("phase") == "Failed" or (s.get("worker") and s.get("worker") != worker):
+                return s
+            return None
+
+        after = wait_for(moved, "the session failed over or failed with a reason", 10)
+        elapsed = time.monotonic() - start
+        assert elapsed <= 10.0, elapsed
+        if after.get("phase") == "Failed":
+            assert worker in (after.get("message") or ""), after
+            assert (condition(after, "Ready") or {}).get("reason") in ("WorkerLost", "WorkerFailed", "WorkerEnded",
+                                                                       "LeaseLost"), after
+        wait_for(lambda: registry.worker_of(f"{ns}/s-fo") in (None, after.get("worker")), "no stale lease", 15)
+    finally:
+        cleanup(kube, ns)
+
+
+@pytest.mark.timeout(420)
+def test_operator_restarted_mid_flight_converges(kube: Kube, vivant_release: str, namespace: str) -> None:
+    """Sessions created, then the operator's pod deleted at once: every session converges to Streaming on
+    its own worker, no worker holds two sessions, and deleting them leaves no lease."""
+    ns = namespace
+    registry = Registry(kube.state.redis_url)
+    names = ["r-0", "r-1"]
+    try:
+        kube.apply(pool("rs", ns, max_workers=2, min_idle=2))
+        wait_for(lambda: len(registry.idle_workers(f"{ns}/rs")) >= 2, "two idle workers", 150)
+        for n in names:
+            kube.apply(session(n, ns, "rs"))
+        kube.kubectl("delete", "pod", "-n", RELEASE_NS, "-l", "app.kubernetes.io/component=operator", "--wait=false")
+        states = {n: streaming(kube, n, ns, timeout=180) for n in names}
+        workers = [s["worker"] for s in states.values()]
+        assert len(set(workers)) == len(workers), states
+        assert {registry.worker_of(f"{ns}/{n}") for n in names} == set(workers)
+        for n in names:
+            kube.kubectl("delete", CS, n, "-n", ns, "--wait=true", "--timeout=60s")
+        wait_for(lambda: all(registry.worker_of(f"{ns}/{n}") is None for n in names), "every lease released", 15)
+        wait_for(lambda: set(workers) <= set(registry.idle_workers(f"{ns}/rs")), "both workers idle again", 30)
+    finally:
+        cleanup(kube, ns)
