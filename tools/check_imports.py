@@ -1,4 +1,4 @@
-"""Import-direction check (DESIGN.md §2), run by `make test`.
+"""Import-direction check (docs/ARCHITECTURE.md, packages and import direction), run by `make test`.
 
 Rules:
   apis/      imports nothing of vivant but vivant.apis itself, and no torch, triton, kopf or kubernetes
@@ -7,7 +7,8 @@ Rules:
   operator/  never imports torch, triton or vivant.worker / vivant.kernels (the operator image has no torch);
   gateway/   never imports torch, triton or vivant.worker / vivant.kernels / vivant.operator;
   sessions/  never imports torch or vivant.worker / vivant.kernels / vivant.operator / vivant.gateway;
-  worker/    may import vivant.kernels and vivant.sessions, never vivant.operator.
+  worker/    may import vivant.kernels and vivant.sessions, never vivant.operator;
+  devcluster/ imports none of vivant's components (it runs their processes) and no torch or triton.
 Parses every module's AST (so lazy imports inside functions count too) and exits non-zero naming
 each offending file, line and import.
 """
@@ -27,6 +28,9 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "gateway": ("torch", "triton", "vivant.worker", "vivant.kernels", "vivant.operator"),
     "sessions": ("torch", "triton", "vivant.worker", "vivant.kernels", "vivant.operator", "vivant.gateway"),
     "worker": ("vivant.operator",),
+    # the local cluster is tooling around the product: it runs vivant's processes, never imports them
+    "devcluster": ("torch", "triton", "vivant.worker", "vivant.kernels", "vivant.operator", "vivant.gateway",
+                   "vivant.sessions"),
 }
 
 
