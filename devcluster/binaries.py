@@ -1,10 +1,11 @@
-"""The control-plane binaries of the local cluster: built once from the pinned Go module, then cached.
+"""The real servers the local cluster and the tests run: built once from pinned Go modules, then cached.
 
 `tools/cluster/go.mod` pins `k8s.io/kubernetes` (kube-apiserver, kube-controller-manager,
-kube-scheduler) and `sigs.k8s.io/kwok`; `go.sum` pins every byte of their sources. The cache folder is
-keyed by a hash of go.mod, go.sum, the Go version and the target platform, so a second run (or a
-second checkout on the same machine) finds the binaries in seconds and a changed pin builds anew.
-etcd comes from the Debian package `etcd-server` (`make sysdeps`), found on PATH.
+kube-scheduler) and `sigs.k8s.io/kwok`; `tools/livekit/go.mod` pins `livekit-server`; each `go.sum`
+pins every byte of the sources. A module's cache folder is keyed by a hash of its go.mod, go.sum, the
+Go version, the target platform and the link flags, so a second run (or a second checkout on the same
+machine) finds the binaries in seconds and a changed pin builds anew. etcd comes from the Debian
+package `etcd-server` (`make sysdeps`), found on PATH.
 
 Cache root: `$VIVANT_CACHE_DIR`, else `$XDG_CACHE_HOME/vivant`, else `~/.cache/vivant`. A build
 writes into a temporary folder next to the final one and renames it into place, under a file lock,
@@ -25,14 +26,32 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-GO_MODULE = REPO / "tools" / "cluster"
-# binary name -> Go package path inside the tools module's dependencies
-PACKAGES: dict[str, str] = {
-    "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
-    "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
-    "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
-    "kwok": "sigs.k8s.io/kwok/cmd/kwok",
-}
+
+
+@dataclass(frozen=True)
+class GoModule:
+    """One pinned Go module under tools/ and the commands built from it (binary name -> package)."""
+
+    folder: Path
+    cache_name: str
+    packages: tuple[tuple[str, str], ...]
+
+
+CLUSTER_MODULE = GoModule(
+    folder=REPO / "tools" / "cluster",
+    cache_name="cluster-bin",
+    packages=(
+        ("kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver"),
+        ("kube-controller-manager", "k8s.io/kubernetes/cmd/kube-controller-manager"),
+        ("kube-scheduler", "k8s.io/kubernetes/cmd/kube-scheduler"),
+        ("kwok", "sigs.k8s.io/kwok/cmd/kwok"),
+    ),
+)
+LIVEKIT_MODULE = GoModule(
+    folder=REPO / "tools" / "livekit",
+    cache_name="livekit-bin",
+    packages=(("livekit-server", "github.com/livekit/livekit-server/cmd/server"),),
+)
 
 
 class BinaryError(RuntimeError):
@@ -80,12 +99,12 @@ def _go_version(go: str) -> str:
     return subprocess.run([go, "env", "GOVERSION"], check=True, capture_output=True, text=True).stdout.strip()
 
 
-def cache_key(go_version: str) -> str:
-    """Hash of what decides the binaries' bytes: the module pins, the toolchain and the platform."""
+def cache_key(module: GoModule, go_version: str) -> str:
+    """Hash of what decides the binaries' bytes: the module pins, the toolchain, the platform, the flags."""
     h = hashlib.sha256()
     for name in ("go.mod", "go.sum"):
-        h.update((GO_MODULE / name).read_bytes())
-    h.update(f"{go_version} {sys.platform} {os.uname().machine} {ldflags()}".encode())
+        h.update((module.folder / name).read_bytes())
+    h.update(f"{go_version} {sys.platform} {os.uname().machine} {ldflags(module)}".encode())
     return h.hexdigest()[:16]
 
 
@@ -108,15 +127,17 @@ def _build_env() -> dict[str, str]:
 
 def kubernetes_version() -> str:
     """The k8s.io/kubernetes release go.mod pins, e.g. v1.36.3."""
-    m = re.search(r"^\s*k8s\.io/kubernetes\s+(v\d+\.\d+\.\d+)\s*$", (GO_MODULE / "go.mod").read_text(), re.M)
+    m = re.search(r"^\s*k8s\.io/kubernetes\s+(v\d+\.\d+\.\d+)\s*$", (CLUSTER_MODULE.folder / "go.mod").read_text(), re.M)
     if m is None:
-        raise BinaryError(f"{GO_MODULE / 'go.mod'}: expected a line `k8s.io/kubernetes vX.Y.Z`")
+        raise BinaryError(f"{CLUSTER_MODULE.folder / 'go.mod'}: expected a line `k8s.io/kubernetes vX.Y.Z`")
     return m.group(1)
 
 
-def ldflags() -> str:
-    """Strip symbols, and stamp the release into the binaries: without it the apiserver reports
-    v0.0.0-master and Helm refuses charts that require a kubeVersion."""
+def ldflags(module: GoModule) -> str:
+    """Strip symbols; for Kubernetes, stamp the release into the binaries: without it the apiserver
+    reports v0.0.0-master and Helm refuses charts that require a kubeVersion."""
+    if module is not CLUSTER_MODULE:
+        return "-s -w"
     version = kubernetes_version()
     major, minor = version[1:].split(".")[:2]
     base = "k8s.io/component-base/version"
@@ -124,13 +145,15 @@ def ldflags() -> str:
             f"-X {base}.gitTreeState=clean -X {base}.buildDate=1970-01-01T00:00:00Z")
 
 
-def build(dest: Path, *, go: str, log=print) -> None:
-    """`go build` every package of PACKAGES into `dest`, printing progress (one line per ~20 packages)."""
+def build(module: GoModule, dest: Path, *, go: str, log=print) -> None:
+    """`go build` every package of the module into `dest`, printing progress (one line per 20 packages)."""
     dest.mkdir(parents=True, exist_ok=True)
-    cmd = [go, "build", "-v", "-trimpath", f"-ldflags={ldflags()}", "-o", str(dest) + "/", *PACKAGES.values()]
-    log(f"building {', '.join(PACKAGES)} from {GO_MODULE.name}/go.mod (first time: ~10 min on 2 cores)")
+    names = [name for name, _ in module.packages]
+    cmd = [go, "build", "-v", "-trimpath", f"-ldflags={ldflags(module)}", "-o", str(dest) + "/",
+           *(pkg for _, pkg in module.packages)]
+    log(f"building {', '.join(names)} from tools/{module.folder.name}/go.mod (the first time takes minutes)")
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=GO_MODULE, env=_build_env(), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=module.folder, env=_build_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     tail: list[str] = []
@@ -145,23 +168,29 @@ def build(dest: Path, *, go: str, log=print) -> None:
     log(f"built in {time.monotonic() - start:.0f} s")
 
 
-def ensure_binaries(*, build_missing: bool = True, log=print) -> ClusterBinaries:
-    """Find the cached binaries for the current pins, building them first if needed."""
+def ensure_module(module: GoModule, *, build_missing: bool = True, log=print) -> Path:
+    """The folder holding the module's binaries for its current pins, building them first if needed."""
     go = go_command()
-    folder = cache_root() / "cluster-bin" / cache_key(_go_version(go))
-    names = list(PACKAGES)
+    folder = cache_root() / module.cache_name / cache_key(module, _go_version(go))
+    names = [name for name, _ in module.packages]
     if not all((folder / n).exists() for n in names):
         if not build_missing:
-            raise BinaryError(f"cluster binaries not built yet (expected in {folder}); run `vivant dev cluster build`")
+            raise BinaryError(f"{', '.join(names)} not built yet (expected in {folder})")
         folder.parent.mkdir(parents=True, exist_ok=True)
         with open(folder.parent / ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not all((folder / n).exists() for n in names):  # another process may have built it meanwhile
                 tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
                 shutil.rmtree(tmp, ignore_errors=True)
-                build(tmp, go=go, log=log)
+                build(module, tmp, go=go, log=log)
                 shutil.rmtree(folder, ignore_errors=True)
                 tmp.rename(folder)
+    return folder
+
+
+def ensure_binaries(*, build_missing: bool = True, log=print) -> ClusterBinaries:
+    """The cluster's binaries (see ensure_module) and etcd."""
+    folder = ensure_module(CLUSTER_MODULE, build_missing=build_missing, log=log)
     return ClusterBinaries(
         etcd=_etcd(),
         kube_apiserver=folder / "kube-apiserver",
@@ -169,3 +198,8 @@ def ensure_binaries(*, build_missing: bool = True, log=print) -> ClusterBinaries
         kube_scheduler=folder / "kube-scheduler",
         kwok=folder / "kwok",
     )
+
+
+def ensure_livekit_server(*, build_missing: bool = True, log=print) -> Path:
+    """The livekit-server binary for tools/livekit's pins."""
+    return ensure_module(LIVEKIT_MODULE, build_missing=build_missing, log=log) / "livekit-server"
