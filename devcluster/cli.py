@@ -1,4 +1,5 @@
-"""`vivant dev cluster up|down|status|build`: a local GPU fleet on this machine (see docs/local_cluster.md).
+"""`vivant dev cluster up|down|status|build` and `vivant dev livekit up|down|status`: a local GPU fleet and a
+LiveKit server on this machine (see docs/local_cluster.md).
 
 `up` builds (first time) or finds the cached control-plane binaries, starts etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler, kwok with simulated GPU nodes, a Redis and the pod runner,
@@ -38,6 +39,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         v.add_argument("--state-dir", type=Path, default=None, help="where the cluster keeps its state "
                        "(default $VIVANT_DEV_CLUSTER_DIR or ~/.cache/vivant/dev-cluster)")
     verbs.add_parser("build", help="build (or find cached) kube-apiserver, controller-manager, scheduler, kwok")
+    lk = sub.add_parser("livekit", help="a LiveKit server on loopback (built from tools/livekit/go.mod)")
+    lk_verbs = lk.add_subparsers(dest="verb", required=True, metavar="up|down|status")
+    for v in (lk_verbs.add_parser("up", help="start livekit-server (builds it the first time)"),
+              lk_verbs.add_parser("down", help="stop it"), lk_verbs.add_parser("status", help="print its URL and keys")):
+        v.add_argument("--state-dir", type=Path, default=None, help="where the server keeps its state "
+                       "(default $VIVANT_DEV_CLUSTER_DIR or ~/.cache/vivant/dev-cluster, subfolder livekit)")
+    lk_verbs.choices["up"].add_argument("--api-key", default=None, help="API key (default: generated)")
+    lk_verbs.choices["up"].add_argument("--api-secret", default=None, help="API secret (default: generated)")
 
 
 def _labels(items: list[str] | None):
@@ -54,8 +63,36 @@ def _labels(items: list[str] | None):
     return tuple(out)
 
 
+def _livekit(args: argparse.Namespace) -> int:
+    from vivant.devcluster.livekit import LiveKitState, LocalLiveKit
+
+    folder = (args.state_dir or default_state_dir()) / "livekit"
+    if args.verb == "up":
+        server = LocalLiveKit(folder, api_key=args.api_key, api_secret=args.api_secret)
+        try:
+            state = server.up()
+        except BinaryError as exc:
+            print(f"vivant dev livekit up: {exc}")
+            return 1
+        print(f"livekit up: {state.url}")
+        print(f"export LIVEKIT_URL={state.url} LIVEKIT_API_KEY={state.api_key} LIVEKIT_API_SECRET={state.api_secret}")
+        return 0
+    if args.verb == "down":
+        LocalLiveKit(folder).down()
+        print("livekit down")
+        return 0
+    server = LocalLiveKit(folder)
+    state = LiveKitState.load(folder)
+    print(json.dumps({"running": server.running(), **({"url": state.url, "api_key": state.api_key} if state else {})},
+                     indent=2))
+    return 0 if server.running() else 1
+
+
 def run(args: argparse.Namespace) -> int:
     from vivant.devcluster.cluster import ClusterSpec, LocalCluster, NodePoolSpec, Taint
+
+    if args.what == "livekit":
+        return _livekit(args)
 
     if args.verb == "build":
         try:
