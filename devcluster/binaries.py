@@ -165,6 +165,10 @@ def build(module: GoModule, dest: Path, *, go: str, log=print) -> None:
             log(f"  ... {compiled} packages compiled ({time.monotonic() - start:.0f} s): {line.strip()}")
     if proc.wait() != 0:
         raise BinaryError("go build failed:\n" + "\n".join(tail))
+    for name, pkg in module.packages:  # `go build -o dir/` names each binary after its package's folder
+        built = dest / pkg.rsplit("/", 1)[-1]
+        if built.name != name:
+            built.rename(dest / name)
     log(f"built in {time.monotonic() - start:.0f} s")
 
 
