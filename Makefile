@@ -74,10 +74,12 @@ helm: $(VENV)/bin/helm
 $(VENV)/bin/helm:
 	$(PY) tools/install_helm.py $(VENV)/bin
 
-# kube-apiserver, controller-manager, scheduler and kwok from tools/cluster/go.mod, built once into
-# ~/.cache/vivant/cluster-bin/<hash of the pins> (about 10 minutes the first time on 2 cores).
+# kube-apiserver, controller-manager, scheduler and kwok from tools/cluster/go.mod, and livekit-server from
+# tools/livekit/go.mod, built once into ~/.cache/vivant/{cluster,livekit}-bin/<hash of the pins> (about 12
+# and 15 minutes the first time on 2 busy cores; seconds once cached).
 cluster-bin: $(STAMP)
 	$(VENV)/bin/vivant dev cluster build
+	$(VENV)/bin/vivant dev livekit build
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

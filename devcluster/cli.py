@@ -40,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "(default $VIVANT_DEV_CLUSTER_DIR or ~/.cache/vivant/dev-cluster)")
     verbs.add_parser("build", help="build (or find cached) kube-apiserver, controller-manager, scheduler, kwok")
     lk = sub.add_parser("livekit", help="a LiveKit server on loopback (built from tools/livekit/go.mod)")
-    lk_verbs = lk.add_subparsers(dest="verb", required=True, metavar="up|down|status")
+    lk_verbs = lk.add_subparsers(dest="verb", required=True, metavar="up|down|status|build")
+    lk_verbs.add_parser("build", help="build (or find cached) livekit-server")
     for v in (lk_verbs.add_parser("up", help="start livekit-server (builds it the first time)"),
               lk_verbs.add_parser("down", help="stop it"), lk_verbs.add_parser("status", help="print its URL and keys")):
         v.add_argument("--state-dir", type=Path, default=None, help="where the server keeps its state "
@@ -66,6 +67,15 @@ def _labels(items: list[str] | None):
 def _livekit(args: argparse.Namespace) -> int:
     from vivant.devcluster.livekit import LiveKitState, LocalLiveKit
 
+    if args.verb == "build":
+        from vivant.devcluster.binaries import ensure_livekit_server
+
+        try:
+            print(ensure_livekit_server())
+        except BinaryError as exc:
+            print(f"vivant dev livekit build: {exc}")
+            return 1
+        return 0
     folder = (args.state_dir or default_state_dir()) / "livekit"
     if args.verb == "up":
         server = LocalLiveKit(folder, api_key=args.api_key, api_secret=args.api_secret)
