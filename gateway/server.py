@@ -22,7 +22,8 @@ Capacity: a pool has room when its non-terminal CharacterSessions are fewer than
 API keys come from a Kubernetes Secret, mounted as a file (one key per line, `#` comments) or from
 the environment variable named by `--keys-env`; the file is re-read when it changes, so rotating the
 Secret needs no restart. The Kubernetes client is the synchronous `kubernetes` package, called in a
-thread; `SessionApi` takes its `ApiClient`, so tests point it at an emulator without global state.
+thread; `SessionApi` takes its `ApiClient`, so a test hands it a client of its own (one that records the
+requests it sends, say) without global state.
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ class ApiFailure(Exception):
 
 
 class SessionApi:
-    """The handlers, over a `kubernetes.client.ApiClient` (in-cluster, kubeconfig or a test emulator)."""
+    """The handlers, over a `kubernetes.client.ApiClient` (in-cluster, or from a kubeconfig)."""
 
     def __init__(self, config: ApiConfig, keys: ApiKeys, kube_client: Any, metrics: ApiMetrics | None = None) -> None:
         import kubernetes

@@ -2,7 +2,8 @@
 
 `redis_server` starts a real redis-server (Debian package, installed by `make sysdeps`) on a free
 loopback port for the whole test session and stops it afterwards; `redis_url` hands each test a
-freshly flushed database on it. Nothing here mocks Redis.
+freshly flushed database on it; `spare_redis` is a server of one test's own, which it may stop and
+start (a Redis outage). Nothing here mocks Redis.
 """
 
 from __future__ import annotations
@@ -89,3 +90,11 @@ def redis_url(redis_server: RedisServer) -> str:
     client.flushall()
     client.close()
     return redis_server.url
+
+
+@pytest.fixture
+def spare_redis() -> Iterator[RedisServer]:
+    """A redis-server of the test's own (not the session's), for tests that stop and start it (an outage)."""
+    server = RedisServer()
+    yield server
+    server.stop()

@@ -126,3 +126,97 @@ def vivant_release(kube: Kube) -> Iterator[str]:
     kube.helm("install", RELEASE, str(CHART), "-n", RELEASE_NS, "--wait", "--timeout", "120s")
     yield RELEASE
     kube.helm("uninstall", RELEASE, "-n", RELEASE_NS, "--wait", check=False)
+
+
+# ================================================================================================
+# Added for the tests that run vivant's components in this process against the cluster
+# (test_operator_kopf.py: the operator under kopf's KopfRunner; test_api_*.py: the session gateway's
+# aiohttp app). They talk to the real apiserver with the admin credentials; nothing stands in for it.
+# ================================================================================================
+
+OPERATOR_SELECTOR = "app.kubernetes.io/name=vivant,app.kubernetes.io/component=operator"
+
+
+@pytest.fixture(scope="session")
+def kube_client(kube: Kube) -> Iterator[Any]:
+    """A `kubernetes.client.ApiClient` for the apiserver with the admin kubeconfig (no global default set)."""
+    import kubernetes
+
+    client = kubernetes.config.new_client_from_config(config_file=str(kube.kubeconfig))
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def vivant_crds(kube: Kube) -> None:
+    """The project's CRDs (`crds/`, what the chart installs), applied and Established. `helm install` of the
+    chart afterwards skips CRDs that exist, so this and `vivant_release` may come in either order."""
+    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    kube.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(REPO / "crds"))
+
+
+@pytest.fixture(scope="module")
+def release_operators_paused(kube: Kube) -> Iterator[None]:
+    """No helm-installed vivant operator runs while this module's tests do; restored afterwards.
+
+    Why: an installed release's operator is standalone and, by default, cluster-wide, so it would handle
+    the objects of these tests' namespaces too — a second operator writing status and finalizers beside
+    the one under test (or beside none, where a test needs the API alone). Each such Deployment is scaled
+    to 0 for the module (its process stopped by the pod runner before the first test) and scaled back to
+    its replicas after the last, waiting until the pod runner has started its process again. Nothing is
+    uninstalled."""
+    from vivant.devcluster.cluster import RUN_BY_ANNOTATION
+
+    deployments = [d for d in kube.items("deployments", selector=OPERATOR_SELECTOR)
+                   if int(d["spec"].get("replicas") or 0) > 0]
+    for d in deployments:
+        kube.kubectl("scale", "deployment", d["metadata"]["name"], "-n", d["metadata"]["namespace"], "--replicas=0")
+    for d in deployments:
+        ns = d["metadata"]["namespace"]
+        wait_for(lambda ns=ns: not kube.items("pods", ns, OPERATOR_SELECTOR),
+                 f"the operator pods of {ns} to stop", 60, 0.5)
+    try:
+        yield
+    finally:
+        for d in deployments:
+            ns, name, replicas = d["metadata"]["namespace"], d["metadata"]["name"], int(d["spec"]["replicas"])
+            kube.kubectl("scale", "deployment", name, "-n", ns, f"--replicas={replicas}")
+            wait_for(lambda ns=ns, n=replicas: len([p for p in kube.items("pods", ns, OPERATOR_SELECTOR)
+                                                     if RUN_BY_ANNOTATION in p["metadata"].get("annotations", {})
+                                                     and not p["metadata"].get("deletionTimestamp")]) >= n,
+                     f"the operator of {ns} running again (its process started by the pod runner)", 60, 0.5)
+
+
+@pytest.fixture
+def bare_namespace(kube_client: Any) -> Iterator[str]:
+    """A fresh, empty namespace (none of the chart's Secrets: for tests that write their own objects only)."""
+    import kubernetes
+
+    core = kubernetes.client.CoreV1Api(kube_client)
+    name = f"t-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    yield name
+    core.delete_namespace(name)
+
+
+@pytest.fixture
+def gateway_kube(kube: Kube) -> Iterator[Any]:
+    """A `kubernetes` client with the admin kubeconfig for a session gateway under test; it records every
+    request it sends (gateway_support.RecordingApiClient)."""
+    from gateway_support import recording_client
+
+    client = recording_client(str(kube.kubeconfig))
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def gateway_space(kube_client: Any, bare_namespace: str) -> Any:
+    """A fresh namespace with WorkerPools `h200` (2 workers) and `full` (1 worker), as a
+    gateway_support.GatewaySpace (read and written with the admin client, not the gateway's)."""
+    from gateway_support import GatewaySpace
+
+    space = GatewaySpace(kube_client, bare_namespace)
+    space.add_pool("h200", 2)
+    space.add_pool("full", 1)
+    return space

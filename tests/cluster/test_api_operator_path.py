@@ -1,8 +1,11 @@
 """A session made through the API, taken by the operator's assignment, reaches a worker with the caller's token.
 
-Real parts: the API app over HTTP, the operator's `reconcile.assign_session` and `kube.read_secret_token`,
-the Redis registry on a real redis-server (`redis_url`), the worker's inbox. Stand-in: the Kubernetes
-API is kmock (no kube-apiserver can run here). The kopf event loop itself is covered by tests/operator.
+Real parts: the real apiserver (through the session gateway's client and the operator's default
+`kubernetes` configuration, both with the admin kubeconfig), the gateway's app over HTTP, the operator's
+`reconcile.assign_session` and `kube.read_secret_token` (which reads the Secret as the apiserver serves it:
+the token base64-encoded under `data`), the Redis registry on a real redis-server (`redis_url`), the
+worker's inbox. The kopf event loop itself is covered by test_operator_kopf.py; the whole path with the
+helm-installed API and operator and a real worker by the flow tests.
 """
 
 from __future__ import annotations
@@ -10,24 +13,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import UTC, datetime
-from typing import Any
 
 import kubernetes
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from test_session_api import (
-    AUTH,
-    EVENTS,
-    KEY,
-    NS,
-    POOLS,
-    SECRETS,
-    SESSIONS,
-    TOKEN,
-    StampingEmulator,
-    _pool,
-    body,
-)
+from conftest import Kube
+from gateway_support import AUTH, KEY, TOKEN, GatewaySpace, RecordingApiClient, body
 from vivant.apis import resources as r
 from vivant.apis.livekit_token import LiveKitCredentials
 from vivant.gateway import server as session_api
@@ -36,41 +27,38 @@ from vivant.operator import reconcile
 from vivant.sessions.models import Assignment, WorkerInfo
 from vivant.sessions.registry import Registry
 
-pytestmark = [pytest.mark.kmock(cls=StampingEmulator), pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.usefixtures("vivant_crds", "release_operators_paused"), pytest.mark.timeout(60)]
 
 
 async def test_api_session_is_assigned_with_the_callers_token(
-    kmock: Any, redis_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    kube: Kube, gateway_space: GatewaySpace, gateway_kube: RecordingApiClient, redis_url: str,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    for res in (SESSIONS, POOLS, SECRETS, EVENTS):
-        kmock.resources[f"{res.group}/{res.version}/{res.plural}".lstrip("/")] = {}
-    cfg = kubernetes.client.Configuration(host=str(kmock.url).rstrip("/"))
-    monkeypatch.setattr(kubernetes.client.Configuration, "_default", cfg)  # the operator's kube module uses it
-    kube = kubernetes.client.ApiClient(cfg)
-    custom = kubernetes.client.CustomObjectsApi(kube)
-    await asyncio.to_thread(custom.create_namespaced_custom_object, r.GROUP, r.VERSION, NS, r.POOL_PLURAL,
-                            _pool("h200", 2))
-    config = session_api.ApiConfig(namespace=NS, avatars={"ada": session_api.AvatarEntry(character="ada-v1",
+    ns = gateway_space.name
+    operator_cfg = kubernetes.client.Configuration()
+    kubernetes.config.load_kube_config(config_file=str(kube.kubeconfig), client_configuration=operator_cfg)
+    monkeypatch.setattr(kubernetes.client.Configuration, "_default", operator_cfg)  # the operator's kube module uses it
+    config = session_api.ApiConfig(namespace=ns, avatars={"ada": session_api.AvatarEntry(character="ada-v1",
                                                                                           pool="h200")})
-    api = session_api.SessionApi(config, session_api.ApiKeys(static=(KEY,)), kube)
+    api = session_api.SessionApi(config, session_api.ApiKeys(static=(KEY,)), gateway_kube)
     async with TestClient(TestServer(api.app())) as client:
         resp = await client.post("/v1/realtime_sessions", json=body(), headers=AUTH)
         assert resp.status == 201, await resp.text()
         sid = (await resp.json())["id"]
 
-    cr = await asyncio.to_thread(custom.get_namespaced_custom_object, r.GROUP, r.VERSION, NS, r.SESSION_PLURAL, sid)
+    cr = gateway_space.session(sid)
     spec = r.CharacterSessionSpec.model_validate(cr["spec"])
     registry = Registry(redis_url)
-    pool = r.pool_key(NS, "h200")
+    pool = r.pool_key(ns, "h200")
     registry.register(WorkerInfo(worker_id="h200-0", pool=pool, warm=True, node="gpu-node-0"))
-    written: list[dict[str, Any]] = []
-    ref = reconcile.SessionRef(namespace=NS, name=sid, uid=cr["metadata"]["uid"], created=datetime.now(tz=UTC))
+    written: list[dict] = []
+    ref = reconcile.SessionRef(namespace=ns, name=sid, uid=cr["metadata"]["uid"], created=datetime.now(tz=UTC))
     out = await asyncio.to_thread(
         reconcile.assign_session, ref, spec, {}, registry=registry,
         credentials=LiveKitCredentials("APIkey123", "x" * 32), apply_secret=written.append,
         timeouts=reconcile.Timeouts(), now=datetime.now(tz=UTC),
-        read_token=lambda name: operator_kube.read_secret_token(NS, name))
+        read_token=lambda name: operator_kube.read_secret_token(ns, name))
 
     assert out.status["phase"] == "Assigned" and out.status["worker"] == "h200-0", out.status
     assert out.status["tokenSecret"] == spec.livekit.token_secret
@@ -81,4 +69,3 @@ async def test_api_session_is_assigned_with_the_callers_token(
     assert (message.room, message.agent_identity, message.max_duration_s) == ("room-1", "agent-1", 300.0)
     assert TOKEN not in str(out.status) + str(out.events) + caplog.text, "token leaked into status/events/logs"
     registry.close()
-    kube.close()
