@@ -211,12 +211,14 @@ def gateway_kube(kube: Kube) -> Iterator[Any]:
 
 
 @pytest.fixture
-def gateway_space(kube_client: Any, bare_namespace: str) -> Any:
+def gateway_space(kube_client: Any, bare_namespace: str) -> Iterator[Any]:
     """A fresh namespace with WorkerPools `h200` (2 workers) and `full` (1 worker), as a
-    gateway_support.GatewaySpace (read and written with the admin client, not the gateway's)."""
+    gateway_support.GatewaySpace (read and written with the admin client, not the gateway's); its sessions
+    and pools are deleted after the test."""
     from gateway_support import GatewaySpace
 
     space = GatewaySpace(kube_client, bare_namespace)
     space.add_pool("h200", 2)
     space.add_pool("full", 1)
-    return space
+    yield space
+    space.clear()

@@ -101,3 +101,9 @@ class GatewaySpace:
     def add_pool(self, name: str, max_workers: int) -> None:
         self.custom.create_namespaced_custom_object(r.GROUP, r.VERSION, self.name, r.POOL_PLURAL,
                                                     pool_manifest(name, max_workers))
+
+    def clear(self) -> None:
+        """Delete the test's sessions and pools now (none holds a finalizer: no operator ran), so that no
+        operator started later finds them in the namespace while it is being deleted."""
+        for plural in (r.SESSION_PLURAL, r.POOL_PLURAL):
+            self.custom.delete_collection_namespaced_custom_object(r.GROUP, r.VERSION, self.name, plural)

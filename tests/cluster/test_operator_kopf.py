@@ -134,14 +134,18 @@ class Space:
         return {p.metadata.name: p.spec.node_name for p in pods
                 if p.spec.node_name and p.metadata.deletion_timestamp is None}
 
-    def release_finalizers(self) -> None:
-        """Drop what finalizers the sessions still hold (the operator under test is gone) so the namespace
-        can be deleted; the test's Redis, which the finalizer would have cleaned, is flushed anyway."""
+    def clear(self) -> None:
+        """Delete the test's sessions and pools now, so that no operator started later (the release's, when
+        it is restored) finds them in the namespace while it is being deleted. The finalizers the sessions
+        still hold are dropped first: the operator under test is gone, and the Redis they would have
+        cleaned is the test's own."""
         listing = self.custom.list_namespaced_custom_object(r.GROUP, r.VERSION, self.name, r.SESSION_PLURAL)
         for cs in listing["items"]:
             if cs["metadata"].get("finalizers"):
                 self.custom.patch_namespaced_custom_object(r.GROUP, r.VERSION, self.name, r.SESSION_PLURAL,
                                                            cs["metadata"]["name"], {"metadata": {"finalizers": None}})
+        for plural in (r.SESSION_PLURAL, r.POOL_PLURAL):
+            self.custom.delete_collection_namespaced_custom_object(r.GROUP, r.VERSION, self.name, plural)
 
     def dump(self, kube: Kube) -> str:
         """Every object of every listable namespaced kind in the namespace, as JSON text."""
@@ -346,7 +350,7 @@ def space(kube: Kube, kube_client: Any, namespace: str, redis_url: str,
     monkeypatch.setenv("VIVANT_CONNECT_TIMEOUT_S", "30")
     s = Space(kube_client, namespace)
     yield s
-    s.release_finalizers()
+    s.clear()
 
 
 def condition(status: dict[str, Any], type_: str) -> dict[str, Any] | None:
