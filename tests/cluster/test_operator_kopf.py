@@ -274,6 +274,7 @@ class History:
     def __init__(self, space: Space) -> None:
         self.space = space
         self.versions: list[dict[str, Any]] = []
+        self.error: BaseException | None = None
         self._stop = threading.Event()
         custom, core = space.custom, space.core
         self._threads = [
@@ -283,6 +284,12 @@ class History:
         ]
 
     def _follow(self, list_fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            self._watch(list_fn, *args)
+        except BaseException as exc:  # surfaced by __exit__: a gap in the history must fail the test
+            self.error = exc
+
+    def _watch(self, list_fn: Callable[..., Any], *args: Any) -> None:
         version: str | None = None
         while not self._stop.is_set():
             try:
@@ -309,6 +316,8 @@ class History:
         self._stop.set()
         for t in self._threads:
             t.join(timeout=5)
+        if self.error is not None and exc[0] is None:
+            raise AssertionError(f"the watch of the namespace failed: {self.error!r}") from self.error
 
 
 class LogCapture(logging.Handler):
@@ -341,6 +350,8 @@ def space(kube: Kube, kube_client: Any, namespace: str, redis_url: str,
     """The test's namespace, and the operator's environment: the admin kubeconfig (read by kopf's login
     and by the operator's kubernetes client), the test's Redis, 1 s heartbeats, dev LiveKit credentials."""
     monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig))
+    # the operator's kubernetes client sets the process-wide default configuration: undone after the test
+    monkeypatch.setattr(kubernetes.client.Configuration, "_default", kubernetes.client.Configuration._default)
     # kubernetes reads $KUBECONFIG once, at import; kopf's login uses that default.
     monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kube.kubeconfig))
     monkeypatch.setenv("VIVANT_REDIS_URL", redis_url)
