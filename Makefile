@@ -15,9 +15,9 @@ REGISTRY ?= ghcr.io/vivant-dev
 CONTROL_PLANE_IMAGE ?= $(REGISTRY)/vivant-control-plane:$(VERSION)
 WORKER_IMAGE ?= $(REGISTRY)/vivant-worker:$(VERSION)
 CONTAINER_ENGINE ?= docker
-# System packages the tests and the demo use: a Redis server, promtool, espeak-ng for speech, etcd and
-# openssl for the local Kubernetes cluster.
-APT_PACKAGES := redis-server espeak-ng sox etcd-server openssl
+# System packages the tests and the demo use: a Redis server, promtool, espeak-ng for speech, openssl for
+# the local Kubernetes cluster's certificates.
+APT_PACKAGES := redis-server espeak-ng sox openssl
 APT_NORECOMMENDS := prometheus
 DEMO_SECONDS ?= 10
 DEMO_OUT ?= out/demo.mp4
@@ -58,7 +58,6 @@ sysdeps:
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v espeak-ng >/dev/null || missing="$$missing espeak-ng"; \
 	command -v sox >/dev/null || missing="$$missing sox"; \
-	command -v etcd >/dev/null || missing="$$missing etcd-server"; \
 	command -v openssl >/dev/null || missing="$$missing openssl"; \
 	nr=""; command -v promtool >/dev/null || nr="prometheus"; \
 	if [ -n "$$missing$$nr" ]; then \
@@ -74,9 +73,9 @@ helm: $(VENV)/bin/helm
 $(VENV)/bin/helm:
 	$(PY) tools/install_helm.py $(VENV)/bin
 
-# kube-apiserver, controller-manager, scheduler and kwok from tools/cluster/go.mod, and livekit-server from
-# tools/livekit/go.mod, built once into ~/.cache/vivant/{cluster,livekit}-bin/<hash of the pins> (about 12
-# and 15 minutes the first time on 2 busy cores; seconds once cached).
+# kube-apiserver, controller-manager, scheduler and kwok from tools/cluster/go.mod, etcd from tools/etcd,
+# livekit-server from tools/livekit, built once into ~/.cache/vivant/<module>-bin/<hash of the pins>
+# (minutes the first time: about 12 for the cluster on 2 busy cores; seconds once cached).
 cluster-bin: $(STAMP)
 	$(VENV)/bin/vivant dev cluster build
 	$(VENV)/bin/vivant dev livekit build

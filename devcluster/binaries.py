@@ -1,11 +1,11 @@
 """The real servers the local cluster and the tests run: built once from pinned Go modules, then cached.
 
 `tools/cluster/go.mod` pins `k8s.io/kubernetes` (kube-apiserver, kube-controller-manager,
-kube-scheduler) and `sigs.k8s.io/kwok`; `tools/livekit/go.mod` pins `livekit-server`; each `go.sum`
-pins every byte of the sources. A module's cache folder is keyed by a hash of its go.mod, go.sum, the
+kube-scheduler) and `sigs.k8s.io/kwok`; `tools/etcd/go.mod` pins etcd 3.6 (a v1.36 apiserver needs
+its watch-progress requests, which Debian's etcd 3.4 lacks); `tools/livekit/go.mod` pins
+`livekit-server`; each `go.sum` pins every byte of the sources. A module's cache folder is keyed by a hash of its go.mod, go.sum, the
 Go version, the target platform and the link flags, so a second run (or a second checkout on the same
-machine) finds the binaries in seconds and a changed pin builds anew. etcd comes from the Debian
-package `etcd-server` (`make sysdeps`), found on PATH.
+machine) finds the binaries in seconds and a changed pin builds anew.
 
 Cache root: `$VIVANT_CACHE_DIR`, else `$XDG_CACHE_HOME/vivant`, else `~/.cache/vivant`. A build
 writes into a temporary folder next to the final one and renames it into place, under a file lock,
@@ -46,6 +46,11 @@ CLUSTER_MODULE = GoModule(
         ("kube-scheduler", "k8s.io/kubernetes/cmd/kube-scheduler"),
         ("kwok", "sigs.k8s.io/kwok/cmd/kwok"),
     ),
+)
+ETCD_MODULE = GoModule(
+    folder=REPO / "tools" / "etcd",
+    cache_name="etcd-bin",
+    packages=(("etcd", "./cmd/etcd"),),
 )
 LIVEKIT_MODULE = GoModule(
     folder=REPO / "tools" / "livekit",
@@ -106,13 +111,6 @@ def cache_key(module: GoModule, go_version: str) -> str:
         h.update((module.folder / name).read_bytes())
     h.update(f"{go_version} {sys.platform} {os.uname().machine} {ldflags(module)}".encode())
     return h.hexdigest()[:16]
-
-
-def _etcd() -> Path:
-    found = shutil.which("etcd")
-    if found is None:
-        raise BinaryError("etcd not found: install the Debian package `etcd-server` (`make sysdeps` does, as root)")
-    return Path(found)
 
 
 def _build_env() -> dict[str, str]:
@@ -193,10 +191,11 @@ def ensure_module(module: GoModule, *, build_missing: bool = True, log=print) ->
 
 
 def ensure_binaries(*, build_missing: bool = True, log=print) -> ClusterBinaries:
-    """The cluster's binaries (see ensure_module) and etcd."""
+    """The cluster's binaries (see ensure_module), etcd included."""
     folder = ensure_module(CLUSTER_MODULE, build_missing=build_missing, log=log)
+    etcd = ensure_module(ETCD_MODULE, build_missing=build_missing, log=log) / "etcd"
     return ClusterBinaries(
-        etcd=_etcd(),
+        etcd=etcd,
         kube_apiserver=folder / "kube-apiserver",
         kube_controller_manager=folder / "kube-controller-manager",
         kube_scheduler=folder / "kube-scheduler",

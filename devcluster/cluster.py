@@ -2,7 +2,7 @@
 
 What runs (all bound to 127.0.0.1, each a child process in its own session so it outlives the
 command that started it and `down` stops it):
-- etcd (Debian's `etcd-server`), data in the state folder;
+- etcd 3.6 (built from tools/etcd/go.mod), data in the state folder;
 - kube-apiserver with RBAC, TLS and service-account tokens, OwnerReferencesPermissionEnforcement on
   (as on OpenShift) so ownerReferences with blockOwnerDeletion need `update` on `<kind>/finalizers`;
 - kube-controller-manager (garbage collector, StatefulSet/Deployment controllers, service-account
@@ -348,9 +348,6 @@ class LocalCluster:
         logf = open(self.logs / f"{name}.log", "ab")
         env = dict(os.environ)
         env["KUBECONFIG"] = str(self.kubeconfig)
-        # Debian's etcd 3.4 lacks the watch-progress requests the apiserver needs to serve client-go's
-        # streaming list ("WatchList"); clients that ask for it lose their watches and stall.
-        env["KUBE_FEATURE_WatchListClient"] = "false"
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, cwd=self.dir, env=env)
         logf.close()
