@@ -12,6 +12,7 @@ does that translation; bounds, enums, patterns, defaults, descriptions and CEL r
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,8 @@ def _structural(node: dict[str, Any]) -> dict[str, Any]:
         if isinstance(node.get(bound), int | float) and not isinstance(node.get(bound), bool):
             node[plain] = node[bound]
             node[bound] = True
+    if "patternProperties" in node:
+        node = _map_with_key_rules(node)
     if "properties" in node:
         node["type"] = "object"
         node["properties"] = {k: _structural(v) for k, v in node["properties"].items()}
@@ -75,6 +78,35 @@ def _structural(node: dict[str, Any]) -> dict[str, Any]:
     return node
 
 
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:]
+
+
+def _map_with_key_rules(node: dict[str, Any]) -> dict[str, Any]:
+    """A dict with constrained keys (pydantic: `patternProperties` + `propertyNames`) -> a structural map
+    (`additionalProperties`) whose key constraints become one CEL rule over its keys; the key type's own
+    CEL rules, written over `self`, are rebound to each key."""
+    node = dict(node)
+    patterns = node.pop("patternProperties")
+    if len(patterns) != 1:
+        raise ValueError(f"cannot express {len(patterns)} key patterns structurally: {list(patterns)}")
+    (pattern, values), = patterns.items()
+    names = node.pop("propertyNames", {})
+    checks = [f"k.matches({r.cel_string(pattern)})"]
+    if "minLength" in names:
+        checks.append(f"k.size() >= {names['minLength']}")
+    if "maxLength" in names:
+        checks.append(f"k.size() <= {names['maxLength']}")
+    rules = [{"rule": f"self.all(k, {' && '.join(checks)})",
+              "message": "every key must be " + _lower_first(names.get("description", f"a match of {pattern}"))}]
+    for rule in names.get("x-kubernetes-validations", []):
+        over_key = re.sub(r"\bself\b", "k", rule["rule"])
+        rules.append({**rule, "rule": f"self.all(k, {over_key})"})
+    node["additionalProperties"] = values
+    node["x-kubernetes-validations"] = node.get("x-kubernetes-validations", []) + rules
+    return node
+
+
 def to_structural(model: type[BaseModel]) -> dict[str, Any]:
     """The structural openAPIV3Schema of one pydantic model (camelCase names, all refs inlined)."""
     schema = model.model_json_schema(by_alias=True, mode="validation")
@@ -82,14 +114,18 @@ def to_structural(model: type[BaseModel]) -> dict[str, Any]:
     return _structural(_resolve(schema, defs))
 
 
-def _object_schema(spec: type[BaseModel], status: type[BaseModel]) -> dict[str, Any]:
+def _object_schema(whole: type[BaseModel], spec: type[BaseModel], status: type[BaseModel]) -> dict[str, Any]:
+    """The root schema; CEL rules of the whole-object model (`whole`, e.g. on metadata.name) sit at the root."""
+    rules = (whole.model_config.get("json_schema_extra") or {}).get("x-kubernetes-validations")
     return {
         "type": "object",
         "required": ["spec"],
+        **({"x-kubernetes-validations": rules} if rules else {}),
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            # name declared so that a root CEL rule can point its fieldPath at .metadata.name
+            "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
             "spec": to_structural(spec),
             "status": to_structural(status),
         },
@@ -147,7 +183,7 @@ def session_crd() -> dict[str, Any]:
         r.SESSION_PLURAL,
         r.SESSION_SINGULAR,
         r.SESSION_SHORT_NAMES,
-        _object_schema(r.CharacterSessionSpec, r.CharacterSessionStatus),
+        _object_schema(r.CharacterSession, r.CharacterSessionSpec, r.CharacterSessionStatus),
         columns,
         {"status": {}},
     )
@@ -172,7 +208,7 @@ def pool_crd() -> dict[str, Any]:
         r.POOL_PLURAL,
         r.POOL_SINGULAR,
         r.POOL_SHORT_NAMES,
-        _object_schema(r.WorkerPoolSpec, r.WorkerPoolStatus),
+        _object_schema(r.WorkerPool, r.WorkerPoolSpec, r.WorkerPoolStatus),
         columns,
         {"status": {}, "scale": scale},
     )

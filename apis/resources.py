@@ -23,11 +23,12 @@ busy + minIdle, capped by `spec.maxWorkers`.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 from vivant.apis.feature_flags import FlagOverrides, PoolFlags
 
@@ -38,7 +39,8 @@ API_VERSION = f"{GROUP}/{VERSION}"
 SESSION_KIND = "CharacterSession"
 SESSION_PLURAL = "charactersessions"
 SESSION_SINGULAR = "charactersession"
-SESSION_SHORT_NAMES = ("cs",)
+# Not `cs`: that is the built-in ComponentStatus's short name, so `kubectl get cs` would never list sessions.
+SESSION_SHORT_NAMES = ("chs",)
 
 POOL_KIND = "WorkerPool"
 POOL_PLURAL = "workerpools"
@@ -52,6 +54,57 @@ SLO_MIN_STREAMED_SECONDS = 1.0
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 IDENTIFIER = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 CONDITION_REASON = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+
+# Kubernetes label syntax (what the API server checks on a pod's nodeSelector, tolerations and node affinity).
+# A key is an optional DNS-subdomain prefix (<= 253 characters) and `/`, then a name of <= 63 characters
+# (the regex bounds the name; the prefix length is a second check, `LABEL_KEY_PREFIX`). A value is empty or
+# a name of <= 63 characters.
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+LABEL_KEY = rf"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{_LABEL_NAME}$"
+LABEL_KEY_PREFIX = r"^([^/]{1,253}/)?[^/]*$"
+LABEL_VALUE = rf"^({_LABEL_NAME})?$"
+LABEL_KEY_MAX = 253 + 1 + 63
+
+# A WorkerPool's name becomes the name of its StatefulSet, headless Service (an RFC 1035 label: starts with
+# a letter, no dots) and PodDisruptionBudget, and the StatefulSet labels each pod with
+# `controller-revision-hash: <name>-<hash of up to 10 characters>`, a label value of <= 63 characters.
+POOL_NAME = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+POOL_NAME_MAX = 52
+# Every CharacterSession name the API server accepts (a DNS subdomain) is served; see operator/builders.py
+# for how a long one still gets a valid token Secret name.
+SESSION_NAME_MAX = 253
+
+
+def _check_label_key_prefix(key: str) -> str:
+    if "/" in key and len(key.split("/", 1)[0]) > 253:
+        raise ValueError(f"the prefix of label key {key[:40]!r}... is longer than 253 characters")
+    return key
+
+
+def cel_string(text: str) -> str:
+    """`text` as a CEL string literal (single quotes; backslashes and quotes escaped)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    """One CEL rule of a CRD (`x-kubernetes-validations`); `field_path` names the field the error points at."""
+    out = {"rule": rule, "message": message}
+    if field_path:
+        out["fieldPath"] = field_path
+    return out
+
+
+LabelKey = Annotated[
+    str,
+    Field(min_length=1, max_length=LABEL_KEY_MAX, pattern=LABEL_KEY, description=(
+        "A label key: an optional DNS-subdomain prefix (<= 253 characters) and '/', then a name of 1-63 characters "
+        "(A-Z, a-z, 0-9, '-', '_', '.'; alphanumeric at both ends)."), json_schema_extra={
+        "x-kubernetes-validations": [_cel(f"self.matches({cel_string(LABEL_KEY_PREFIX)})",
+                                          "the prefix of a label key (before '/') must be at most 253 characters")]}),
+    AfterValidator(_check_label_key_prefix),
+]
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE)]
+PoolName = Annotated[str, Field(min_length=1, max_length=POOL_NAME_MAX, pattern=POOL_NAME)]
 
 
 def pool_key(namespace: str, name: str) -> str:
@@ -129,9 +182,7 @@ class CharacterSessionSpec(_Model):
     character: Annotated[str, Field(min_length=1, max_length=128, pattern=IDENTIFIER)] = Field(
         description="Character (model/avatar) id the worker renders."
     )
-    pool: Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)] = Field(
-        description="Name of the WorkerPool (same namespace) that serves this session."
-    )
+    pool: PoolName = Field(description="Name of the WorkerPool (same namespace) that serves this session.")
     livekit: LiveKitTarget
     max_duration_seconds: Annotated[int, Field(ge=10, le=86_400)] = Field(
         default=1800, description="The session is ended after this many seconds of wall time since assignment."
@@ -168,21 +219,68 @@ class ModelSource(_Model):
 
 
 class Toleration(_Model):
-    key: Annotated[str, Field(max_length=253)] | None = None
+    """A pod toleration; the API server's rules for it are checked here and by the CRD (CEL)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        _cel("(has(self.key) && self.key != '') || self.operator == 'Exists'",
+             "operator must be Exists when key is empty (a toleration of every taint)", ".operator"),
+        _cel("self.operator != 'Exists' || !has(self.value) || self.value == ''",
+             "value must be empty when operator is Exists", ".value"),
+        _cel("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+             "tolerationSeconds needs effect NoExecute", ".tolerationSeconds"),
+    ]})
+
+    key: LabelKey | None = None
     operator: Literal["Exists", "Equal"] = "Equal"
-    value: Annotated[str, Field(max_length=63)] | None = None
+    value: LabelValue | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: Annotated[int, Field(ge=0)] | None = None
+    toleration_seconds: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> Toleration:
+        if not self.key and self.operator != "Exists":
+            raise ValueError("operator must be Exists when key is empty (a toleration of every taint)")
+        if self.operator == "Exists" and self.value:
+            raise ValueError(f"value must be empty when operator is Exists, got value {self.value!r}")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError(f"tolerationSeconds needs effect NoExecute, got effect {self.effect!r}")
+        return self
+
+
+INTEGER = r"^[0-9]{1,18}$"  # a label value too, so no sign
 
 
 class NodeSelectorRequirement(_Model):
-    key: Annotated[str, Field(min_length=1, max_length=253)]
+    """One node-affinity expression; `values` as the API server wants them for each operator."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        _cel("!(self.operator in ['In', 'NotIn']) || (has(self.values) && size(self.values) >= 1)",
+             "values must hold at least one value when operator is In or NotIn", ".values"),
+        _cel("!(self.operator in ['Exists', 'DoesNotExist']) || !has(self.values) || size(self.values) == 0",
+             "values must be empty when operator is Exists or DoesNotExist", ".values"),
+        _cel(f"!(self.operator in ['Gt', 'Lt']) || (has(self.values) && size(self.values) == 1 "
+             f"&& self.values[0].matches({cel_string(INTEGER)}))",
+             "values must hold exactly one integer when operator is Gt or Lt", ".values"),
+    ]})
+
+    key: LabelKey
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
-    values: list[Annotated[str, Field(max_length=63)]] | None = None
+    values: list[LabelValue] | None = Field(default=None, max_length=64)
+
+    @model_validator(mode="after")
+    def _check_values(self) -> NodeSelectorRequirement:
+        n = len(self.values or [])
+        if self.operator in ("In", "NotIn") and n < 1:
+            raise ValueError(f"values must hold at least one value when operator is {self.operator}")
+        if self.operator in ("Exists", "DoesNotExist") and n:
+            raise ValueError(f"values must be empty when operator is {self.operator}, got {self.values}")
+        if self.operator in ("Gt", "Lt") and (n != 1 or not re.match(INTEGER, self.values[0])):
+            raise ValueError(f"values must hold exactly one integer when operator is {self.operator}, got {self.values}")
+        return self
 
 
 class NodeSelectorTerm(_Model):
-    match_expressions: list[NodeSelectorRequirement] = Field(min_length=1)
+    match_expressions: list[NodeSelectorRequirement] = Field(min_length=1, max_length=16)
 
 
 class PreferredTerm(_Model):
@@ -194,10 +292,11 @@ class NodeAffinity(_Model):
     """The node-affinity subset a GPU pool needs (required terms, weighted preferences)."""
 
     required: list[NodeSelectorTerm] | None = Field(
-        default=None, description="requiredDuringSchedulingIgnoredDuringExecution node selector terms (ORed)."
+        default=None, max_length=16,
+        description="requiredDuringSchedulingIgnoredDuringExecution node selector terms (ORed).",
     )
     preferred: list[PreferredTerm] | None = Field(
-        default=None, description="preferredDuringSchedulingIgnoredDuringExecution terms."
+        default=None, max_length=16, description="preferredDuringSchedulingIgnoredDuringExecution terms."
     )
 
 
@@ -205,11 +304,9 @@ class WorkerPoolSpec(_Model):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                {"rule": "self.minIdle <= self.maxWorkers", "message": "minIdle must be <= maxWorkers"},
-                {
-                    "rule": "(self.gpusPerWorker - 1) % self.tensorParallel == 0",
-                    "message": "tensorParallel must divide the DiT GPU count (gpusPerWorker - 1; one GPU decodes)",
-                },
+                _cel("self.minIdle <= self.maxWorkers", "minIdle must be <= maxWorkers", ".minIdle"),
+                _cel("(self.gpusPerWorker - 1) % self.tensorParallel == 0",
+                     "tensorParallel must divide the DiT GPU count (gpusPerWorker - 1; one GPU decodes)", ".tensorParallel"),
             ]
         }
     )
@@ -222,8 +319,10 @@ class WorkerPoolSpec(_Model):
         default=5, description="GPUs per worker: tensor-parallel DiT GPUs + 1 decoder GPU."
     )
     tensor_parallel: Literal[1, 2, 4, 8] = Field(default=4, description="Tensor-parallel degree of the DiT.")
-    node_selector: dict[str, Annotated[str, Field(max_length=63)]] | None = None
-    tolerations: list[Toleration] | None = None
+    node_selector: dict[LabelKey, LabelValue] | None = Field(
+        default=None, max_length=32, description="Node labels the worker pods must match (label syntax)."
+    )
+    tolerations: list[Toleration] | None = Field(default=None, max_length=32)
     affinity: NodeAffinity | None = None
     runner: Literal["livekit", "pipeline"] = Field(
         default="livekit",
@@ -277,8 +376,25 @@ class ObjectMeta(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    name: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
+    name: Annotated[str, Field(min_length=1, max_length=SESSION_NAME_MAX, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
     namespace: str | None = None
+
+
+class PoolMeta(ObjectMeta):
+    """A WorkerPool's metadata: its name must also make a valid StatefulSet, Service and pod labels."""
+
+    name: PoolName
+
+
+# CEL at the root of the WorkerPool schema: the only place a CRD can check metadata.name.
+POOL_NAME_RULES = [
+    _cel(f"self.metadata.name.size() <= {POOL_NAME_MAX}",
+         f"a WorkerPool name must be at most {POOL_NAME_MAX} characters (the StatefulSet's controller-revision-hash "
+         "label is the name plus up to 11 characters, at most 63)", ".metadata.name"),
+    _cel(f"self.metadata.name.matches({cel_string(POOL_NAME)})",
+         "a WorkerPool name must start with a letter and hold only a-z, 0-9 and '-' (it names a Service)",
+         ".metadata.name"),
+]
 
 
 class CharacterSession(BaseModel):
@@ -292,10 +408,11 @@ class CharacterSession(BaseModel):
 
 
 class WorkerPool(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid",
+                              json_schema_extra={"x-kubernetes-validations": POOL_NAME_RULES})
 
     api_version: Literal["vivant.dev/v1alpha1"] = API_VERSION
     kind: Literal["WorkerPool"] = POOL_KIND
-    metadata: ObjectMeta
+    metadata: PoolMeta
     spec: WorkerPoolSpec
     status: WorkerPoolStatus | None = None

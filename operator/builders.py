@@ -15,6 +15,7 @@ garbage collector deletes it with the session.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -158,6 +159,9 @@ def build_statefulset(
             "serviceName": name,
             "replicas": replicas,
             "podManagementPolicy": "Parallel",
+            # The controller never replaces a pod on a template edit: the operator deletes idle outdated pods
+            # itself (reconcile.plan_roll), so a streaming worker is never killed by an edit.
+            "updateStrategy": {"type": "OnDelete"},
             "selector": {"matchLabels": _selector_labels(name)},
             "template": {"metadata": {"labels": pool_labels(name)}, "spec": pod_spec},
         },
@@ -186,12 +190,26 @@ def build_pdb(name: str, namespace: str, owner: Owner) -> dict[str, Any]:
     }
 
 
+TOKEN_SECRET_SUFFIX = "-livekit"
+SESSION_ANNOTATION = "vivant.dev/session"
+
+
 def token_secret_name(session_name: str) -> str:
-    return f"{session_name}-livekit"[:253]
+    """`<session>-livekit`; a session name too long for that (a DNS subdomain of <= 253 characters) keeps its
+    head and gets 10 hex digits of its SHA-256 instead, so two long names never share a Secret."""
+    name = f"{session_name}{TOKEN_SECRET_SUFFIX}"
+    if len(name) <= 253:
+        return name
+    digest = hashlib.sha256(session_name.encode()).hexdigest()[:10]
+    head = session_name[: 253 - len(TOKEN_SECRET_SUFFIX) - len(digest) - 1].rstrip(".-")
+    return f"{head}-{digest}{TOKEN_SECRET_SUFFIX}"
 
 
 def build_token_secret(session_name: str, namespace: str, owner: Owner, token: str) -> dict[str, Any]:
-    """The Secret that holds a session's LiveKit token; owned by the session (deleted with it)."""
+    """The Secret that holds a session's LiveKit token; owned by the session (deleted with it).
+
+    The session's name goes into an annotation, not a label: a label value holds at most 63 characters and
+    a session name up to 253."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -199,7 +217,8 @@ def build_token_secret(session_name: str, namespace: str, owner: Owner, token: s
         "metadata": {
             "name": token_secret_name(session_name),
             "namespace": namespace,
-            "labels": {"app.kubernetes.io/managed-by": MANAGED_BY, "vivant.dev/session": session_name},
+            "labels": {"app.kubernetes.io/managed-by": MANAGED_BY},
+            "annotations": {SESSION_ANNOTATION: session_name},
             "ownerReferences": [owner.reference()],
         },
         "stringData": {"token": token},

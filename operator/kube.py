@@ -1,18 +1,26 @@
-"""Create-or-patch of the built-in objects the builders render, through the `kubernetes` client.
+"""The operator's calls to the Kubernetes API, through the `kubernetes` client (sync; kopf runs sync
+handlers in its thread pool). Quantities in bodies are strings (`kubernetes` 37 validates bodies).
 
-The operator owns these objects (ownerReferences point at the custom resource), so "apply" here is:
-create; on 409 Conflict merge-patch the fields we render. Sync calls; kopf runs sync handlers in
-its thread pool. Quantities in bodies are strings (`kubernetes` 37 validates bodies).
+The pool's objects (StatefulSet, headless Service, PDB) are written with server-side apply under one
+field manager, so a field removed from the WorkerPool spec (a toleration, a nodeSelector key) is removed
+from the object too. The session's token Secret is created, or replaced whole when an earlier Secret of
+ours is in the way (a re-created session): a merge would keep the old session's controller reference
+beside the new one, which the API server refuses.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import os
 from typing import Any
 
 import kubernetes
 from kubernetes.client.rest import ApiException
+from vivant.apis import resources as r
+
+FIELD_MANAGER = "vivant-operator"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 
 
 def load_config() -> None:
@@ -23,12 +31,27 @@ def load_config() -> None:
         kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
 
 
+def api_message(exc: ApiException) -> str:
+    """The API server's own message of a failed request (its Status body), else the HTTP reason."""
+    try:
+        body = json.loads(exc.body or "")
+    except (TypeError, ValueError):
+        body = None
+    if isinstance(body, dict) and body.get("message"):
+        return str(body["message"])
+    return f"{exc.status} {exc.reason}"
+
+
+def is_rejection(exc: ApiException) -> bool:
+    """The API server refused the object itself (invalid, or a bad request): sending it again cannot help."""
+    return exc.status in (400, 422)
+
+
 def _apis(kind: str) -> tuple[Any, str]:
     c = kubernetes.client
     table = {
         "StatefulSet": (c.AppsV1Api, "stateful_set"),
         "Service": (c.CoreV1Api, "service"),
-        "Secret": (c.CoreV1Api, "secret"),
         "PodDisruptionBudget": (c.PolicyV1Api, "pod_disruption_budget"),
     }
     if kind not in table:
@@ -38,30 +61,102 @@ def _apis(kind: str) -> tuple[Any, str]:
 
 
 def apply(manifest: dict[str, Any]) -> None:
-    """Create the object, or merge-patch it if it exists already (idempotent)."""
+    """Server-side apply of a pool object (created if absent; fields we no longer render are removed)."""
     api, noun = _apis(manifest["kind"])
     ns, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
-    try:
-        getattr(api, f"create_namespaced_{noun}")(ns, manifest)
-    except ApiException as exc:
-        if exc.status != 409:
+    getattr(api, f"patch_namespaced_{noun}")(name, ns, manifest, field_manager=FIELD_MANAGER, force=True,
+                                             _content_type="application/apply-patch+yaml")
+
+
+class SecretNotOurs(RuntimeError):
+    """A Secret of the token Secret's name is in the way and may not be replaced: it was not written by the
+    operator, or it is an earlier session's Secret still being deleted. It is left alone."""
+
+
+def put_token_secret(manifest: dict[str, Any]) -> None:
+    """Create the session's token Secret; if one of ours is in the way, replace it whole (its owner becomes
+    this session). Raises SecretNotOurs for somebody else's Secret of that name, ApiException otherwise."""
+    core = kubernetes.client.CoreV1Api()
+    ns, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+    for _ in range(3):
+        try:
+            core.create_namespaced_secret(ns, manifest)
+            return
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        try:
+            existing = core.read_namespaced_secret(name, ns)
+        except ApiException as exc:
+            if exc.status == 404:
+                continue  # deleted meanwhile (the old session's garbage collection): create again
             raise
-        getattr(api, f"patch_namespaced_{noun}")(name, ns, manifest)
+        if (existing.metadata.labels or {}).get(MANAGED_BY_LABEL) != manifest["metadata"]["labels"][MANAGED_BY_LABEL]:
+            raise SecretNotOurs(f"Secret {ns}/{name} exists and is not managed by the operator "
+                                f"(label {MANAGED_BY_LABEL}); delete or rename it")
+        if existing.metadata.deletion_timestamp is not None:
+            raise SecretNotOurs(f"Secret {ns}/{name} of an earlier session is still being deleted (finalizers "
+                                f"{existing.metadata.finalizers}); retrying")
+        body = {**manifest, "metadata": {**manifest["metadata"], "resourceVersion": existing.metadata.resource_version}}
+        try:
+            core.replace_namespaced_secret(name, ns, body)
+            return
+        except ApiException as exc:
+            if exc.status not in (404, 409):  # gone or changed meanwhile: start over
+                raise
+    raise ApiException(status=409, reason=f"Secret {ns}/{name} kept changing while it was written")
 
 
-def statefulset_replicas(namespace: str, name: str) -> int | None:
-    """Current spec.replicas of the pool's StatefulSet, None if it does not exist."""
+def statefulset(namespace: str, name: str) -> dict[str, Any] | None:
+    """The pool's StatefulSet as a plain dict (camelCase, as the API serves it), None if absent."""
+    api = kubernetes.client.AppsV1Api()
     try:
-        sts = kubernetes.client.AppsV1Api().read_namespaced_stateful_set(name, namespace)
+        sts = api.read_namespaced_stateful_set(name, namespace)
     except ApiException as exc:
         if exc.status == 404:
             return None
         raise
-    return int(sts.spec.replicas or 0)
+    return api.api_client.sanitize_for_serialization(sts)
+
+
+def statefulset_replicas(namespace: str, name: str) -> int | None:
+    """Current spec.replicas of the pool's StatefulSet, None if it does not exist."""
+    sts = statefulset(namespace, name)
+    return None if sts is None else int(sts["spec"].get("replicas") or 0)
 
 
 def scale_statefulset(namespace: str, name: str, replicas: int) -> None:
     kubernetes.client.AppsV1Api().patch_namespaced_stateful_set(name, namespace, {"spec": {"replicas": replicas}})
+
+
+def pool_pods(namespace: str, selector: str) -> list[dict[str, Any]]:
+    """The pods of a pool (label selector `selector`) as plain dicts."""
+    api = kubernetes.client.CoreV1Api()
+    pods = api.list_namespaced_pod(namespace, label_selector=selector)
+    return [api.api_client.sanitize_for_serialization(p) for p in pods.items]
+
+
+def delete_pod(namespace: str, name: str, uid: str) -> bool:
+    """Delete exactly this pod (uid precondition: never its replacement of the same name). False if gone."""
+    try:
+        kubernetes.client.CoreV1Api().delete_namespaced_pod(
+            name, namespace, body=kubernetes.client.V1DeleteOptions(preconditions=kubernetes.client.V1Preconditions(uid=uid)))
+    except ApiException as exc:
+        if exc.status in (404, 409):
+            return False
+        raise
+    return True
+
+
+def worker_pool(namespace: str, name: str) -> dict[str, Any] | None:
+    """A WorkerPool object, None if there is none of that name."""
+    try:
+        return kubernetes.client.CustomObjectsApi().get_namespaced_custom_object(
+            r.GROUP, r.VERSION, namespace, r.POOL_PLURAL, name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
 
 
 def read_secret_token(namespace: str, name: str, key: str = "token") -> str | None:

@@ -2,7 +2,14 @@
 
 Settings come from the environment the Helm chart sets (VIVANT_REDIS_URL, LIVEKIT_API_KEY,
 LIVEKIT_API_SECRET, VIVANT_*_TIMEOUT_S, ...; see `config.py`); flags given here override them.
-Watches all namespaces unless `--namespace` is given (repeatable).
+Watches all namespaces unless `--namespace` is given (repeatable). With `--namespace`, kopf serves
+exactly those namespaces without scanning the cluster (`settings.scanning.disabled`): a namespaced
+operator may not list namespaces, and kopf would otherwise retry that for about 30 s before it
+starts handling anything.
+
+Logging: kopf logs every run of every handler ("Timer 'session_tick' succeeded.") at INFO; the session
+and pool timers run every 1-2 s per object, so those lines are DEBUG here (`RoutineTimerLogs`), and
+the handlers log at INFO only when something changed.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import logging
 import os
 
 import kopf
@@ -23,6 +31,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="kopf liveness endpoint URL")
     parser.add_argument("--standalone", action="store_true", help="no peering (single operator replica)")
     parser.add_argument("--verbose", "-v", action="store_true")
+
+
+class RoutineTimerLogs(logging.Filter):
+    """On kopf's object logger: a timer's "... succeeded." line is DEBUG, not INFO (it would be written
+    every second per session). Other lines pass unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if record.levelno == logging.INFO and message.startswith("Timer ") and message.endswith(" succeeded."):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger().isEnabledFor(logging.DEBUG)
+        return True
+
+
+def operator_settings(namespaces: list[str]) -> kopf.OperatorSettings:
+    """kopf settings that depend on the command line (the rest are set in handlers.configure)."""
+    settings = kopf.OperatorSettings()
+    # Exact namespaces need no cluster scan, and a namespaced operator is not allowed to list namespaces.
+    settings.scanning.disabled = bool(namespaces)
+    return settings
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,10 +67,12 @@ def run(args: argparse.Namespace) -> int:
     from vivant.operator import handlers  # noqa: F401  (registers the handlers with kopf)
 
     kopf.configure(verbose=args.verbose)
+    logging.getLogger("kopf.objects").addFilter(RoutineTimerLogs())
     asyncio.run(
         kopf.operator(
             clusterwide=not args.namespace,
             namespaces=args.namespace,  # [] when cluster-wide: kopf iterates it (None crashed at start)
+            settings=operator_settings(args.namespace),
             standalone=args.standalone,
             liveness_endpoint=args.liveness or None,
             memo=kopf.Memo(config=config),

@@ -37,7 +37,7 @@ from vivant.apis.feature_flags import FUSED_GEMM_ALL_REDUCE
 from vivant.apis.livekit_token import LiveKitCredentials, avatar_identity, mint_avatar_token
 from vivant.operator import builders as b
 from vivant.sessions.flags import FlagStore
-from vivant.sessions.models import Assignment, FlagSet
+from vivant.sessions.models import Assignment, FlagSet, PoolCounts
 from vivant.sessions.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -90,6 +90,67 @@ def _parse_time(text: str | None) -> datetime | None:
 # ---------------------------------------------------------------------------------------- sessions
 
 
+class SecretWriteError(RuntimeError):
+    """The API server refused the session's token Secret (forbidden, invalid, quota, a foreign Secret of that
+    name). The handler's `apply_secret` raises it with the server's message; nothing is claimed meanwhile."""
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """What Kubernetes says about a pool, read only while a session waits for a worker (to say why).
+
+    `pool`: the WorkerPool object, None when there is none of that name; `pods`: its pods as the API serves
+    them (dicts); `max_workers` comes from the pool's spec."""
+
+    pool: dict[str, Any] | None
+    pods: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def max_workers(self) -> int | None:
+        value = ((self.pool or {}).get("spec") or {}).get("maxWorkers")
+        return value if isinstance(value, int) else None
+
+
+def _condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
+    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if c.get("type") == type_:
+            return c
+    return None
+
+
+def unschedulable(pod: dict[str, Any]) -> str | None:
+    """The scheduler's reason a pending pod has no node (its PodScheduled=False message), else None."""
+    if (pod.get("status") or {}).get("phase") not in (None, "Pending"):
+        return None
+    c = _condition(pod, "PodScheduled")
+    if c is None or c.get("status") != "False":
+        return None
+    return c.get("message") or c.get("reason") or "not scheduled"
+
+
+def why_no_worker(pool_name: str, namespace: str, view: PoolView, counts: PoolCounts) -> tuple[str, str]:
+    """(reason, message) of a session waiting for a worker of `pool_name`: the pool is missing or not ready,
+    its pods cannot be scheduled (the scheduler's words), its workers are still starting, or all are busy."""
+    if view.pool is None:
+        return "PoolNotFound", f"WorkerPool {pool_name} not found in namespace {namespace}"
+    ready = _condition(view.pool, "Ready")
+    if ready is not None and ready.get("status") == "False":
+        return "PoolNotReady", f"WorkerPool {pool_name} is not ready: {ready.get('reason')}: {ready.get('message', '')}"
+    pods = [p for p in view.pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    stuck = [(p["metadata"]["name"], why) for p in pods if (why := unschedulable(p))]
+    workers = f"{counts.idle} idle, {counts.busy} busy, {counts.loading} starting"
+    if stuck:
+        name, why = stuck[0]
+        return "WorkersUnschedulable", (f"pool {pool_name} ({workers}): {len(stuck)} of {len(pods)} pods cannot be "
+                                        f"scheduled; {name}: {why}")
+    if not pods and not counts.busy:
+        return "WaitingForWorker", f"pool {pool_name} has no worker pods yet"
+    if counts.loading or len(pods) > counts.idle + counts.busy + counts.draining:
+        return "WaitingForWorker", f"pool {pool_name} ({workers}): waiting for workers to warm up"
+    limit = f" (maxWorkers {view.max_workers})" if view.max_workers is not None else ""
+    return "NoIdleWorker", f"pool {pool_name} ({workers}): every worker is busy{limit}"
+
+
 def assign_session(
     ref: SessionRef,
     spec: r.CharacterSessionSpec,
@@ -102,43 +163,60 @@ def assign_session(
     now: datetime,
     token_ttl: timedelta = timedelta(minutes=10),
     read_token: Callable[[str], str | None] | None = None,
+    pool_view: Callable[[], PoolView] | None = None,
 ) -> Outcome:
     """Pending -> Assigned: lease an idle worker, mint the token into a Secret, send the assignment.
 
     With `spec.livekit.tokenSecret` the caller supplied the token (session API path): it is read with
     `read_token(secret_name)` (None = Secret or key missing) before any worker is claimed, and the
-    operator writes no Secret of its own.
+    operator writes no Secret of its own. If writing the Secret fails in any way, the claimed worker is
+    released before the error goes on (SecretWriteError: the session waits with reason TokenSecretFailed).
+    While no worker is free, `pool_view()` (if given) tells why, and the status says it.
     """
     if status.get("phase") not in (None, r.SessionPhase.PENDING.value) or status.get("worker"):
         return Outcome()
     pool = r.pool_key(ref.namespace, spec.pool)
     waited = (now - ref.created).total_seconds()
 
-    def wait(reason: str, msg: str) -> Outcome:
+    def wait(reason: str, msg: str, warn: bool = False) -> Outcome:
         if waited > timeouts.pending_s:
             msg = f"{msg} for {waited:.0f}s (limit {timeouts.pending_s:.0f}s)"
             return Outcome(status=b.session_phase_patch(status, r.SessionPhase.FAILED, reason, msg, now=now),
                            events=[("Warning", reason, msg)])
-        patch = b.session_phase_patch(status, r.SessionPhase.PENDING, reason, msg, now=now)
-        return Outcome(status=patch if status.get("message") != msg else {}, retry_s=2.0)
+        if status.get("message") == msg:
+            return Outcome(retry_s=2.0)
+        return Outcome(status=b.session_phase_patch(status, r.SessionPhase.PENDING, reason, msg, now=now),
+                       events=[("Warning", reason, msg)] if warn else [], retry_s=2.0)
 
     supplied = getattr(spec.livekit, "token_secret", None)
     token = None
     if supplied:
         token = read_token(supplied) if read_token is not None else None
         if not token:
-            return wait("TokenSecretMissing", f"Secret {supplied} with key 'token' (spec.livekit.tokenSecret) not found")
+            return wait("TokenSecretMissing", f"Secret {supplied} with key 'token' (spec.livekit.tokenSecret) not found",
+                        warn=True)
     worker = registry.claim_idle_worker(pool, ref.session_id)
     if worker is None:
-        return wait("NoIdleWorker" if waited > timeouts.pending_s else "WaitingForWorker",
-                    f"waiting for an idle worker in pool {spec.pool}")
+        if pool_view is None:
+            return wait("NoIdleWorker" if waited > timeouts.pending_s else "WaitingForWorker",
+                        f"waiting for an idle worker in pool {spec.pool}")
+        reason, msg = why_no_worker(spec.pool, ref.namespace, pool_view(), registry.pool_counts(pool))
+        return wait(reason, msg, warn=reason not in ("WaitingForWorker", "NoIdleWorker"))
 
     if token is None:
         token = mint_avatar_token(
             credentials, room=spec.livekit.room, identity=avatar_identity(ref.name),
             agent_identity=spec.livekit.agent_identity, ttl=token_ttl,
         )
-        apply_secret(b.build_token_secret(ref.name, ref.namespace, ref.owner(), token))
+        secret = b.build_token_secret(ref.name, ref.namespace, ref.owner(), token)
+        try:
+            apply_secret(secret)
+        except SecretWriteError as exc:
+            registry.release(pool, worker, ref.session_id)
+            return wait("TokenSecretFailed", f"cannot write token Secret {secret['metadata']['name']}: {exc}", warn=True)
+        except BaseException:
+            registry.release(pool, worker, ref.session_id)
+            raise
     overrides = spec.flags.model_dump(by_alias=True, exclude_none=True) if spec.flags else {}
     registry.send_assignment(worker, Assignment(
         session_id=ref.session_id, namespace=ref.namespace, pool=pool, character=spec.character,
@@ -346,3 +424,62 @@ def apply_spec_flags(
     else:
         patch["conditions"] = b.set_condition(conditions, "FlagsMatchSpec", True, "Applied", "", generation=generation)
     return current, patch
+
+
+# A StatefulSet labels each pod with the revision of the template it was made from.
+REVISION_LABEL = "controller-revision-hash"
+
+
+@dataclass(frozen=True)
+class RollStep:
+    """One pod to delete so that the StatefulSet (updateStrategy OnDelete) re-creates it from the new template."""
+
+    pod: str
+    uid: str
+    revision: str
+
+
+def plan_roll(pods: list[dict[str, Any]], update_revision: str | None, replicas: int,
+              busy: set[str], warm: set[str]) -> RollStep | None:
+    """The next outdated pod to replace after a template edit, or None.
+
+    A busy pod (it holds a session) is never chosen: it rolls once its session has ended. One pod at a
+    time: nothing is chosen while a pod of the pool is terminating or missing, or while a pod already at
+    `update_revision` is not warm yet (registered with its model loaded) — so warm capacity drops by at
+    most one, and a new template whose workers never warm up stops the roll after its first pod. Among
+    the outdated idle pods, one that is not warm (it serves nothing yet) goes first, then by name."""
+    if not update_revision:
+        return None
+    if len(pods) < replicas or any((p.get("metadata") or {}).get("deletionTimestamp") for p in pods):
+        return None
+
+    def revision(p: dict[str, Any]) -> str | None:
+        return ((p.get("metadata") or {}).get("labels") or {}).get(REVISION_LABEL)
+
+    if any(revision(p) == update_revision and p["metadata"]["name"] not in warm for p in pods):
+        return None
+    outdated = [p for p in pods if revision(p) != update_revision and p["metadata"]["name"] not in busy]
+    if not outdated:
+        return None
+    chosen = min(outdated, key=lambda p: (p["metadata"]["name"] in warm, p["metadata"]["name"]))
+    return RollStep(pod=chosen["metadata"]["name"], uid=chosen["metadata"]["uid"], revision=revision(chosen) or "")
+
+
+def roll_pool(name: str, namespace: str, pods: list[dict[str, Any]], sts: dict[str, Any], *,
+              registry: Registry) -> RollStep | None:
+    """Plan the next roll step from Redis (busy and warm workers) and the StatefulSet, and mark the chosen
+    worker draining so nothing claims it before it is deleted. None when nothing is to be done now, or
+    when a claim raced the drain (that worker now rolls after its session)."""
+    pool = r.pool_key(namespace, name)
+    update_revision = (sts.get("status") or {}).get("updateRevision")
+    replicas = int((sts.get("spec") or {}).get("replicas") or 0)
+    infos = registry.workers(pool)
+    warm = {w for w, info in infos.items() if info.warm}
+    busy = {w for w in infos if registry.session_of(pool, w) is not None}
+    step = plan_roll(pods, update_revision, replicas, busy, warm)
+    if step is None:
+        return None
+    registry.set_draining(pool, [step.pod])
+    if registry.session_of(pool, step.pod) is not None:
+        return None
+    return step

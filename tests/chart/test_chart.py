@@ -330,8 +330,11 @@ OPERATOR_NAMESPACED = {
     ("apps", "statefulsets"): {"get", "create", "patch"},
     ("", "services"): {"create", "patch"},
     ("policy", "poddisruptionbudgets"): {"create", "patch"},
-    # get: the token Secret a session names in spec.livekit.tokenSecret (the session API's path)
-    ("", "secrets"): {"get", "create", "patch"},
+    # get: the token Secret a session names in spec.livekit.tokenSecret (the session API's path);
+    # update: a re-created session replaces its predecessor's token Secret whole (operator/kube.py)
+    ("", "secrets"): {"get", "create", "update"},
+    # why a session waits (the scheduler's reason), and the roll of idle outdated pods (updateStrategy OnDelete)
+    ("", "pods"): {"list", "delete"},
     # ownerReferences with blockOwnerDeletion need update on the owner's finalizers where
     # OwnerReferencesPermissionEnforcement is on (OpenShift, the local cluster)
     ("vivant.dev", "charactersessions/finalizers"): {"update"},

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime
+import re
 from pathlib import Path
 
 import kubernetes_validate
@@ -86,3 +87,22 @@ def test_conditions_keep_transition_time_until_status_flips():
     assert c[0]["lastTransitionTime"] == "2026-01-01T00:00:00Z" and c[0]["reason"] == "StillWaiting"
     c = b.set_condition(c, "Ready", True, "Streaming", now=t1)
     assert c[0]["lastTransitionTime"] == "2026-01-01T00:05:00Z" and c[0]["status"] == "True"
+
+
+def test_statefulset_rolls_on_delete_only():
+    """The operator rolls idle pods itself; the controller must never replace a streaming worker's pod."""
+    assert _rendered()["statefulset"]["spec"]["updateStrategy"] == {"type": "OnDelete"}
+
+
+def test_token_secret_names_and_labels_fit_any_session_name():
+    owner = b.Owner(kind=r.SESSION_KIND, name="x", uid="u-1")
+    for name in ("ada", "a" * 64, "a.b-c", "s" * 245, "s" * 246, "s" * 252 + "x", ("a." * 126)[:253].rstrip(".")):
+        secret = b.build_token_secret(name, "default", owner, "tok")
+        kubernetes_validate.validate(secret, K8S_VERSION, strict=True)
+        secret_name = secret["metadata"]["name"]
+        assert len(secret_name) <= 253 and secret_name.endswith("-livekit"), secret_name
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", secret_name), secret_name
+        assert all(len(v) <= 63 for v in secret["metadata"]["labels"].values())
+        assert secret["metadata"]["annotations"][b.SESSION_ANNOTATION] == name
+    long_names = {b.token_secret_name("s" * 250 + c) for c in "abc"}
+    assert len(long_names) == 3, "two long session names share a token Secret"

@@ -121,6 +121,33 @@ MALFORMED: list[tuple[str, dict[str, Any], str, Any, str]] = [
     ("wp-flag-unknown", POOL, "spec.flags", {"fusedGemmAllReduce": True, "warp": True}, "warp"),
     ("wp-flag-not-bool", POOL, "spec.flags.fusedGemmAllReduce", "yes", "fusedGemmAllReduce"),
     ("wp-unknown-field", POOL, "spec.replicas", 3, "replicas"),
+    # What the API server would refuse in the StatefulSet's pod template (issue 14, defect 4).
+    ("wp-toleration-exists-value", POOL, "spec.tolerations.0",
+     {"key": "nvidia.com/gpu", "operator": "Exists", "value": "present", "effect": "NoSchedule"}, "value"),
+    ("wp-toleration-seconds-noschedule", POOL, "spec.tolerations.0",
+     {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 30}, "tolerationSeconds"),
+    ("wp-toleration-no-key-equal", POOL, "spec.tolerations.0", {"operator": "Equal", "value": "x"}, "operator"),
+    ("wp-toleration-key-space", POOL, "spec.tolerations.0.key", "nvidia gpu", "key"),
+    ("wp-toleration-value-slash", POOL, "spec.tolerations.0", {"key": "k", "value": "a/b"}, "value"),
+    ("wp-toleration-key-name-64", POOL, "spec.tolerations.0.key", "k" * 64, "key"),
+    ("wp-toleration-key-prefix-254", POOL, "spec.tolerations.0.key", "p" * 254 + "/k", "key"),
+    ("wp-affinity-in-no-values", POOL, "spec.affinity", {"required": [{"matchExpressions": [
+        {"key": "k", "operator": "In"}]}]}, "values"),
+    ("wp-affinity-exists-values", POOL, "spec.affinity", {"required": [{"matchExpressions": [
+        {"key": "k", "operator": "Exists", "values": ["a"]}]}]}, "values"),
+    ("wp-affinity-gt-two-values", POOL, "spec.affinity", {"preferred": [{"weight": 5, "preference": {
+        "matchExpressions": [{"key": "k", "operator": "Gt", "values": ["1", "2"]}]}}]}, "values"),
+    ("wp-affinity-lt-not-integer", POOL, "spec.affinity", {"required": [{"matchExpressions": [
+        {"key": "k", "operator": "Lt", "values": ["many"]}]}]}, "values"),
+    ("wp-affinity-value-space", POOL, "spec.affinity", {"required": [{"matchExpressions": [
+        {"key": "k", "operator": "In", "values": ["a b"]}]}]}, "values"),
+    ("wp-node-selector-bad-key", POOL, "spec.nodeSelector", {"gpu type": "h200"}, "nodeSelector"),
+    ("wp-node-selector-bad-value", POOL, "spec.nodeSelector", {"gpu": "h200!"}, "gpu"),
+    ("wp-node-selector-value-64", POOL, "spec.nodeSelector", {"gpu": "v" * 64}, "gpu"),
+    ("wp-name-dots", POOL, "metadata.name", "h200.main", "name"),
+    ("wp-name-digit-first", POOL, "metadata.name", "1pool", "name"),
+    ("wp-name-53", POOL, "metadata.name", "p" * 53, "name"),
+    ("cs-pool-dots", SESSION, "spec.pool", "h200.main", "pool"),
     # Valid field by field; rejected by the CEL rules (and by pydantic's model validator).
     ("wp-min-idle-over-max", POOL, "spec.minIdle", 9, "minIdle"),
     ("wp-tp-does-not-divide", POOL, "spec.tensorParallel", 8, "tensorParallel"),
@@ -153,6 +180,12 @@ def _cel_errors(schema: dict[str, Any], value: Any, path: str = "$") -> list[str
         for key, sub in schema.get("properties", {}).items():
             if key in value:
                 errors += _cel_errors(sub, value[key], f"{path}.{key}")
+        if isinstance(schema.get("additionalProperties"), dict):
+            for key, item in value.items():
+                errors += _cel_errors(schema["additionalProperties"], item, f"{path}.{key}")
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            errors += _cel_errors(schema["items"], item, f"{path}[{i}]")
     return errors
 
 
@@ -174,7 +207,7 @@ class TestGeneratedCrds:
     def test_names_scope_and_subresources(self):
         cs, wp = crdgen.session_crd(), crdgen.pool_crd()
         assert cs["metadata"]["name"] == "charactersessions.vivant.dev"
-        assert cs["spec"]["names"]["shortNames"] == ["cs"] and wp["spec"]["names"]["shortNames"] == ["wp"]
+        assert cs["spec"]["names"]["shortNames"] == ["chs"] and wp["spec"]["names"]["shortNames"] == ["wp"]
         assert cs["spec"]["scope"] == wp["spec"]["scope"] == "Namespaced"
         assert cs["spec"]["versions"][0]["subresources"] == {"status": {}}
         scale = wp["spec"]["versions"][0]["subresources"]["scale"]
@@ -216,6 +249,12 @@ class TestExamplesAreValid:
 
 
 class TestMalformedObjectsAreRejected:
+    def test_the_limits_themselves_are_accepted(self):
+        pool = _set(POOL, "metadata.name", "p" * r.POOL_NAME_MAX)
+        pool = _set(pool, "spec.nodeSelector", {"p" * 253 + "/" + "n" * 63: "v" * 63})
+        assert _json_schema_errors("WorkerPool", pool) == []
+        r.WorkerPool.model_validate(pool)
+
     def test_at_least_thirty_cases(self):
         assert len(MALFORMED) >= 30
 

@@ -262,3 +262,122 @@ class TestScale:
         assert assign(registry, name="c").status["worker"] == "h200-2", "a draining worker was claimed"
         counts = rc.pool_status(POOL_NAME, NS, registry, plan.replicas)
         assert (counts["busy"], counts["idle"], counts["draining"]) == (3, 0, 1), counts
+
+
+# ------------------------------------------------------------------------------ issue 14: defects 3, 7, 10
+
+
+def _pod(name: str, revision: str = "rev-1", *, uid: str | None = None, deleting: bool = False,
+         unschedulable: str | None = None) -> dict:
+    """A pod as the API serves it (the fields the operator reads)."""
+    meta = {"name": name, "uid": uid or f"uid-{name}", "labels": {rc.REVISION_LABEL: revision}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-11-29T12:00:00Z"
+    status: dict = {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}]}
+    if unschedulable:
+        status = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                                                      "reason": "Unschedulable", "message": unschedulable}]}
+    return {"metadata": meta, "status": status}
+
+
+class TestSecretFailureReleasesTheClaim:
+    def test_a_refused_secret_leaves_the_worker_idle_and_says_why(self, registry):
+        add_workers(registry, 1)
+
+        def refuse(manifest):
+            raise rc.SecretWriteError('secrets "ada-livekit" is forbidden: exceeded quota: q, requested: secrets=1')
+
+        out = rc.assign_session(ref(), SPEC, {}, registry=registry, credentials=CREDS, apply_secret=refuse,
+                                timeouts=TIMEOUTS, now=T0)
+        assert out.status["phase"] == "Pending" and out.status["conditions"][0]["reason"] == "TokenSecretFailed"
+        assert "exceeded quota" in out.status["message"] and out.events[0][:2] == ("Warning", "TokenSecretFailed")
+        assert registry.worker_of("default/ada") is None, "the claim leaked"
+        assert registry.idle_workers(POOL) == ["h200-0"]
+        assert registry.next_message("h200-0", timeout_s=0) is None, "an assignment went out without a Secret"
+
+    def test_an_unexpected_error_releases_the_claim_and_goes_on(self, registry):
+        add_workers(registry, 1)
+
+        def crash(manifest):
+            raise ConnectionResetError("apiserver went away")
+
+        with pytest.raises(ConnectionResetError):
+            rc.assign_session(ref(), SPEC, {}, registry=registry, credentials=CREDS, apply_secret=crash,
+                              timeouts=TIMEOUTS, now=T0)
+        assert registry.worker_of("default/ada") is None and registry.idle_workers(POOL) == ["h200-0"]
+
+
+class TestWhyNoWorker:
+    counts = staticmethod(lambda **kw: rc.PoolCounts(pool=POOL, **kw))
+
+    def run(self, registry, view, now=T0, status=None):
+        return rc.assign_session(ref(), SPEC, status or {}, registry=registry, credentials=CREDS,
+                                 apply_secret=lambda m: None, timeouts=TIMEOUTS, now=now, pool_view=lambda: view)
+
+    def test_pool_not_found(self, registry):
+        out = self.run(registry, rc.PoolView(pool=None))
+        assert out.status["conditions"][0]["reason"] == "PoolNotFound"
+        assert out.status["message"] == "WorkerPool h200 not found in namespace default"
+        late = self.run(registry, rc.PoolView(pool=None), now=T0 + timedelta(seconds=31), status=out.status)
+        assert late.status["phase"] == "Failed" and late.status["conditions"][0]["reason"] == "PoolNotFound"
+        assert "not found" in late.status["message"] and "for 31s (limit 30s)" in late.status["message"]
+
+    def test_the_schedulers_reason_is_quoted(self, registry):
+        why = "0/3 nodes are available: 1 node(s) had untolerated taint(s), 2 Insufficient nvidia.com/gpu."
+        view = rc.PoolView(pool={"spec": {"maxWorkers": 2}}, pods=(_pod("h200-0", unschedulable=why),))
+        out = self.run(registry, view)
+        assert out.status["conditions"][0]["reason"] == "WorkersUnschedulable"
+        assert "1 of 1 pods cannot be scheduled" in out.status["message"] and why in out.status["message"]
+
+    def test_a_pool_that_is_not_ready_says_so(self, registry):
+        pool = {"spec": {"maxWorkers": 2}, "status": {"conditions": [
+            {"type": "Ready", "status": "False", "reason": "StatefulSetRejected", "message": "denied by policy"}]}}
+        out = self.run(registry, rc.PoolView(pool=pool))
+        assert out.status["conditions"][0]["reason"] == "PoolNotReady" and "denied by policy" in out.status["message"]
+
+    def test_busy_starting_and_empty_pools(self):
+        pool = {"spec": {"maxWorkers": 2}}
+        busy = rc.why_no_worker("h200", NS, rc.PoolView(pool, (_pod("h200-0"), _pod("h200-1"))),
+                                self.counts(registry=2, busy=2))
+        assert busy == ("NoIdleWorker", "pool h200 (0 idle, 2 busy, 0 starting): every worker is busy (maxWorkers 2)")
+        warming = rc.why_no_worker("h200", NS, rc.PoolView(pool, (_pod("h200-0"),)), self.counts(registry=1, loading=1))
+        assert warming[0] == "WaitingForWorker" and "warm up" in warming[1]
+        empty = rc.why_no_worker("h200", NS, rc.PoolView(pool, ()), self.counts())
+        assert empty == ("WaitingForWorker", "pool h200 has no worker pods yet")
+
+    def test_an_unchanged_reason_writes_nothing(self, registry):
+        first = self.run(registry, rc.PoolView(pool=None))
+        again = self.run(registry, rc.PoolView(pool=None), status=first.status)
+        assert again.status == {} and again.events == [] and again.retry_s
+
+
+class TestRoll:
+    def test_only_idle_outdated_pods_one_at_a_time(self):
+        pods = [_pod("p-0", "old"), _pod("p-1", "old"), _pod("p-2", "old")]
+        step = rc.plan_roll(pods, "new", 3, busy={"p-0"}, warm={"p-0", "p-1", "p-2"})
+        assert step == rc.RollStep(pod="p-1", uid="uid-p-1", revision="old")
+        # p-1 replaced, its successor not warm yet: wait
+        pods[1] = _pod("p-1", "new", uid="uid-p-1b")
+        assert rc.plan_roll(pods, "new", 3, busy={"p-0"}, warm={"p-0", "p-2"}) is None
+        # warm now: the next idle one; the busy p-0 never
+        assert rc.plan_roll(pods, "new", 3, busy={"p-0"}, warm={"p-0", "p-1", "p-2"}).pod == "p-2"
+        pods[2] = _pod("p-2", "new", uid="uid-p-2b")
+        assert rc.plan_roll(pods, "new", 3, busy={"p-0"}, warm={"p-0", "p-1", "p-2"}) is None
+        # the session on p-0 ended
+        assert rc.plan_roll(pods, "new", 3, busy=set(), warm={"p-0", "p-1", "p-2"}).pod == "p-0"
+
+    def test_waits_for_terminating_or_missing_pods_and_prefers_cold_ones(self):
+        pods = [_pod("p-0", "old"), _pod("p-1", "old", deleting=True)]
+        assert rc.plan_roll(pods, "new", 2, busy=set(), warm={"p-0"}) is None
+        assert rc.plan_roll([_pod("p-0", "old")], "new", 2, busy=set(), warm={"p-0"}) is None
+        pods = [_pod("p-0", "old"), _pod("p-1", "old")]
+        assert rc.plan_roll(pods, "new", 2, busy=set(), warm={"p-0"}).pod == "p-1", "a cold pod serves nothing"
+        assert rc.plan_roll(pods, None, 2, busy=set(), warm=set()) is None
+
+    def test_roll_pool_drains_the_chosen_worker(self, registry):
+        add_workers(registry, 2)
+        assign(registry, name="a")  # takes h200-0
+        sts = {"spec": {"replicas": 2}, "status": {"updateRevision": "new"}}
+        step = rc.roll_pool(POOL_NAME, NS, [_pod("h200-0", "old"), _pod("h200-1", "old")], sts, registry=registry)
+        assert step is not None and step.pod == "h200-1"
+        assert registry.claim_idle_worker(POOL, "default/b") is None, "a worker about to be deleted was claimed"
