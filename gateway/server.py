@@ -63,7 +63,7 @@ class AvatarEntry(pydantic.BaseModel):
 
     model_config = pydantic.ConfigDict(extra="forbid", strict=True)
     character: str = pydantic.Field(min_length=1, max_length=128, pattern=r.IDENTIFIER)
-    pool: str = pydantic.Field(min_length=1, max_length=63, pattern=r.DNS_LABEL)
+    pool: r.PoolName  # the name rule of WorkerPools (apis/resources.py)
 
 
 class ApiConfig(pydantic.BaseModel):
