@@ -3,9 +3,9 @@ handlers in its thread pool). Quantities in bodies are strings (`kubernetes` 37 
 
 The pool's objects (StatefulSet, headless Service, PDB) are written with server-side apply under one
 field manager, so a field removed from the WorkerPool spec (a toleration, a nodeSelector key) is removed
-from the object too. The session's token Secret is created, or replaced whole when an earlier Secret of
-ours is in the way (a re-created session): a merge would keep the old session's controller reference
-beside the new one, which the API server refuses.
+from the object too. The session's token Secret is created; an earlier Secret of ours in the way (a
+re-created session) is deleted first: a merge would keep the old session's controller reference beside
+the new one, which the API server refuses.
 """
 
 from __future__ import annotations
@@ -74,8 +74,11 @@ class SecretNotOurs(RuntimeError):
 
 
 def put_token_secret(manifest: dict[str, Any]) -> None:
-    """Create the session's token Secret; if one of ours is in the way, replace it whole (its owner becomes
-    this session). Raises SecretNotOurs for somebody else's Secret of that name, ApiException otherwise."""
+    """Create the session's token Secret. If an earlier Secret of ours has its name (a re-created session
+    whose predecessor's Secret the garbage collector has not removed yet), delete exactly that one and
+    create ours: the new session becomes the only owner. (Changing the ownerReferences of the old one
+    in place would need the same `delete` right, and a merge would keep the old controller reference.)
+    Raises SecretNotOurs for somebody else's Secret of that name, ApiException otherwise."""
     core = kubernetes.client.CoreV1Api()
     ns, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
     for _ in range(3):
@@ -89,7 +92,7 @@ def put_token_secret(manifest: dict[str, Any]) -> None:
             existing = core.read_namespaced_secret(name, ns)
         except ApiException as exc:
             if exc.status == 404:
-                continue  # deleted meanwhile (the old session's garbage collection): create again
+                continue  # deleted meanwhile: create again
             raise
         if (existing.metadata.labels or {}).get(MANAGED_BY_LABEL) != manifest["metadata"]["labels"][MANAGED_BY_LABEL]:
             raise SecretNotOurs(f"Secret {ns}/{name} exists and is not managed by the operator "
@@ -97,14 +100,14 @@ def put_token_secret(manifest: dict[str, Any]) -> None:
         if existing.metadata.deletion_timestamp is not None:
             raise SecretNotOurs(f"Secret {ns}/{name} of an earlier session is still being deleted (finalizers "
                                 f"{existing.metadata.finalizers}); retrying")
-        body = {**manifest, "metadata": {**manifest["metadata"], "resourceVersion": existing.metadata.resource_version}}
+        pre = kubernetes.client.V1Preconditions(uid=existing.metadata.uid,
+                                                resource_version=existing.metadata.resource_version)
         try:
-            core.replace_namespaced_secret(name, ns, body)
-            return
+            core.delete_namespaced_secret(name, ns, body=kubernetes.client.V1DeleteOptions(preconditions=pre))
         except ApiException as exc:
             if exc.status not in (404, 409):  # gone or changed meanwhile: start over
                 raise
-    raise ApiException(status=409, reason=f"Secret {ns}/{name} kept changing while it was written")
+    raise ApiException(status=409, reason=f"Secret {ns}/{name} kept coming back while it was written")
 
 
 def statefulset(namespace: str, name: str) -> dict[str, Any] | None:

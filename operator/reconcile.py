@@ -169,8 +169,9 @@ def assign_session(
 
     With `spec.livekit.tokenSecret` the caller supplied the token (session API path): it is read with
     `read_token(secret_name)` (None = Secret or key missing) before any worker is claimed, and the
-    operator writes no Secret of its own. If writing the Secret fails in any way, the claimed worker is
-    released before the error goes on (SecretWriteError: the session waits with reason TokenSecretFailed).
+    operator writes no Secret of its own. If anything fails between the claim and the assignment (the
+    Secret above all), the claimed worker is released before the error goes on (SecretWriteError: the
+    session waits with reason TokenSecretFailed).
     While no worker is free, `pool_view()` (if given) tells why, and the status says it.
     """
     if status.get("phase") not in (None, r.SessionPhase.PENDING.value) or status.get("worker"):
@@ -203,26 +204,25 @@ def assign_session(
         reason, msg = why_no_worker(spec.pool, ref.namespace, pool_view(), registry.pool_counts(pool))
         return wait(reason, msg, warn=reason not in ("WaitingForWorker", "NoIdleWorker"))
 
-    if token is None:
-        token = mint_avatar_token(
-            credentials, room=spec.livekit.room, identity=avatar_identity(ref.name),
-            agent_identity=spec.livekit.agent_identity, ttl=token_ttl,
-        )
-        secret = b.build_token_secret(ref.name, ref.namespace, ref.owner(), token)
-        try:
-            apply_secret(secret)
-        except SecretWriteError as exc:
-            registry.release(pool, worker, ref.session_id)
-            return wait("TokenSecretFailed", f"cannot write token Secret {secret['metadata']['name']}: {exc}", warn=True)
-        except BaseException:
-            registry.release(pool, worker, ref.session_id)
-            raise
-    overrides = spec.flags.model_dump(by_alias=True, exclude_none=True) if spec.flags else {}
-    registry.send_assignment(worker, Assignment(
-        session_id=ref.session_id, namespace=ref.namespace, pool=pool, character=spec.character,
-        room=spec.livekit.room, livekit_url=spec.livekit.url, agent_identity=spec.livekit.agent_identity,
-        token=token, max_duration_s=float(spec.max_duration_seconds), flag_overrides=overrides,
-    ))
+    try:
+        if token is None:
+            token = mint_avatar_token(
+                credentials, room=spec.livekit.room, identity=avatar_identity(ref.name),
+                agent_identity=spec.livekit.agent_identity, ttl=token_ttl,
+            )
+            apply_secret(b.build_token_secret(ref.name, ref.namespace, ref.owner(), token))
+        overrides = spec.flags.model_dump(by_alias=True, exclude_none=True) if spec.flags else {}
+        registry.send_assignment(worker, Assignment(
+            session_id=ref.session_id, namespace=ref.namespace, pool=pool, character=spec.character,
+            room=spec.livekit.room, livekit_url=spec.livekit.url, agent_identity=spec.livekit.agent_identity,
+            token=token, max_duration_s=float(spec.max_duration_seconds), flag_overrides=overrides,
+        ))
+    except SecretWriteError as exc:
+        registry.release(pool, worker, ref.session_id)
+        return wait("TokenSecretFailed", f"cannot write token Secret {b.token_secret_name(ref.name)}: {exc}", warn=True)
+    except BaseException:
+        registry.release(pool, worker, ref.session_id)  # nothing was sent: the worker is free again
+        raise
     msg = f"assigned to worker {worker}"
     info = registry.workers(pool).get(worker)
     patch = b.session_phase_patch(

@@ -37,8 +37,10 @@ from pydantic import (
 from vivant.apis.feature_flags import FlagError, FlagValue, FlagValues, validate_flag_updates
 from vivant.apis.resources import SessionPhase
 
-# A Kubernetes-ish identifier: pod names, pool names, session ids ("namespace/name" or a uid).
+# A Kubernetes-ish identifier: pod names, pool names ("namespace/name"), namespaces.
 Ident = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
+# A session id: "namespace/name" of its CharacterSession (<= 63 + 1 + 253 characters), or a uid.
+SessionId = Annotated[str, Field(min_length=1, max_length=317, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
 
 
 class _Strict(BaseModel):
@@ -109,7 +111,7 @@ class Assignment(_Strict):
     """Operator -> worker: stream this CharacterSession. `token` is a LiveKit access token (secret)."""
 
     kind: Literal["assign"] = "assign"
-    session_id: Ident
+    session_id: SessionId
     namespace: Ident
     pool: Ident
     character: str = Field(min_length=1)
@@ -144,7 +146,7 @@ class EndRequest(_Strict):
     """Operator -> worker: stop streaming this session (deleted, timed out, max duration)."""
 
     kind: Literal["end"] = "end"
-    session_id: Ident
+    session_id: SessionId
     reason: str = Field(default="ended", min_length=1)
 
 
@@ -155,7 +157,7 @@ INBOX_MESSAGE: TypeAdapter[Assignment | EndRequest] = TypeAdapter(InboxMessage)
 class SessionStats(_Tolerant):
     """Worker -> operator: progress of one session (mirrored into CharacterSession .status)."""
 
-    session_id: Ident
+    session_id: SessionId
     worker_id: str = ""
     phase: SessionPhase
     fps: float = Field(default=0.0, ge=0, description="average frames per second delivered so far")

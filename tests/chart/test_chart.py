@@ -331,8 +331,8 @@ OPERATOR_NAMESPACED = {
     ("", "services"): {"create", "patch"},
     ("policy", "poddisruptionbudgets"): {"create", "patch"},
     # get: the token Secret a session names in spec.livekit.tokenSecret (the session API's path);
-    # update: a re-created session replaces its predecessor's token Secret whole (operator/kube.py)
-    ("", "secrets"): {"get", "create", "update"},
+    # delete: a re-created session removes its predecessor's token Secret, then writes its own (operator/kube.py)
+    ("", "secrets"): {"get", "create", "delete"},
     # why a session waits (the scheduler's reason), and the roll of idle outdated pods (updateStrategy OnDelete)
     ("", "pods"): {"list", "delete"},
     # ownerReferences with blockOwnerDeletion need update on the owner's finalizers where

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from conftest import REPO, RELEASE_NS, Kube
+from conftest import RELEASE_NS, REPO, Kube
 
 EXAMPLES = REPO / "examples"
 FUZZ_IMAGE = "registry.example/fuzz-worker:1"

@@ -307,6 +307,18 @@ class TestSecretFailureReleasesTheClaim:
         assert registry.worker_of("default/ada") is None and registry.idle_workers(POOL) == ["h200-0"]
 
 
+class TestLongNames:
+    def test_the_longest_session_name_is_assigned(self, registry):
+        """Session ids are `<namespace>/<name>`: up to 63 + 1 + 253 characters in every message."""
+        add_workers(registry, 1)
+        name = ("talk." * 50)[:249] + "-ada"
+        secrets: list[dict] = []
+        out = assign(registry, name=name, secrets=secrets)
+        assert out.status["phase"] == "Assigned", out.status
+        assert registry.next_message("h200-0", timeout_s=0).session_id == f"default/{name}"
+        assert len(secrets[0]["metadata"]["name"]) <= 253
+
+
 class TestWhyNoWorker:
     counts = staticmethod(lambda **kw: rc.PoolCounts(pool=POOL, **kw))
 
