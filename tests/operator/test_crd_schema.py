@@ -1,11 +1,13 @@
 """CRDs: generated from the typed source without drift, structural, and strict about bad input.
 
 Every malformed object below must be rejected twice, with the offending field named both times:
-by the CRD schema and by the pydantic models the operator parses with. No kube-apiserver can run here,
-so the CRD schema is applied the way the API server applies it, in steps: defaults from the schema,
-then `jsonschema` against the generated openAPIV3Schema (unknown fields checked as the server's strict
-field validation reports them, by adding `additionalProperties: false` under spec), then the CEL rules
-(`x-kubernetes-validations`) evaluated with cel-python.
+by the CRD schema and by the pydantic models the operator parses with. This is the fast, offline twin of
+the real thing (tests/cluster/test_pool_validation.py and test_spec_fuzz.py apply objects to a real
+kube-apiserver): the CRD schema is applied the way the API server applies it, in steps: defaults from
+the schema, then `jsonschema` against the generated openAPIV3Schema (unknown fields checked as the
+server's strict field validation reports them, by adding `additionalProperties: false` under spec), then
+the CEL rules (`x-kubernetes-validations`, at every level: objects, list items, map values) evaluated
+with cel-python.
 """
 
 from __future__ import annotations
