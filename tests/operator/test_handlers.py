@@ -31,8 +31,8 @@ def _session_spec(**overrides: Any) -> dict[str, Any]:
 def test_malformed_session_is_marked_failed_naming_the_field(overrides: dict[str, Any], field: str) -> None:
     patch = kopf.Patch()
     with pytest.raises(kopf.PermanentError, match=field):
-        handlers.session_assign(body={}, spec=_session_spec(**overrides), meta={}, status={}, namespace="ns",
-                                name="typo", uid="u-1", patch=patch, memo=kopf.Memo(), retry=0)
+        handlers.session_tick(body={}, spec=_session_spec(**overrides), meta={}, status={}, namespace="ns",
+                              name="typo", uid="u-1", patch=patch, memo=kopf.Memo(), retry=0)
     status = patch["status"]
     assert status["phase"] == "Failed" and field in status["message"], status
     assert status["conditions"][0]["reason"] == "InvalidSpec", status
@@ -43,7 +43,7 @@ def test_malformed_pool_gets_a_ready_false_condition_naming_the_field() -> None:
     spec = {"model": {"preset": "tiny", "checkpoint": "random://tiny"}, "image": "registry.example/w:1",
             "gpusPerWorker": 2, "tensorParallel": 1, "minIdle": 3, "maxWorkers": 1}
     with pytest.raises(kopf.PermanentError, match="minIdle"):
-        handlers.pool_apply(spec=spec, meta={}, status={}, namespace="ns", name="h200", uid="u-2", patch=patch,
-                            memo=kopf.Memo(), retry=0)
+        handlers.pool_apply(body={}, spec=spec, meta={}, status={}, namespace="ns", name="h200", uid="u-2",
+                            patch=patch, memo=kopf.Memo(), retry=0)
     [ready] = patch["status"]["conditions"]
     assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "InvalidSpec"), ready
