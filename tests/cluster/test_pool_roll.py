@@ -51,7 +51,7 @@ def test_a_template_edit_rolls_idle_workers_and_spares_the_streaming_one(kube: K
         return now.get(idle, ("", ""))[1] == update and idle in registry.idle_workers(pool)
 
     wait_for(idle_replaced_and_warm, "the idle worker replaced by one of the new template, warm", 150, period=0.5)
-    deadline = time.monotonic() + 10  # the busy one must stay while its session streams
+    deadline = time.monotonic() + 6  # the busy one must stay while its session streams
     while time.monotonic() < deadline:
         idle_replaced_and_warm()
         time.sleep(0.5)

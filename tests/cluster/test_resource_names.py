@@ -44,14 +44,17 @@ def test_kubectl_get_by_short_name_lists_sessions(kube: Kube, vivant_release: st
     kube.kubectl("delete", SESSIONS, "named", "-n", namespace, "--wait=false")
 
 
-def test_the_docs_use_names_that_reach_our_resources():
-    """Every `kubectl get <x>` in the README, docs and examples that means a session uses a name of ours."""
-    names = {r.SESSION_PLURAL, r.SESSION_SINGULAR, *r.SESSION_SHORT_NAMES, r.POOL_PLURAL, r.POOL_SINGULAR,
-             *r.POOL_SHORT_NAMES, "pods", "pod", "deploy,pods", "events"}
+def test_the_docs_use_names_that_reach_our_resources(kube: Kube, vivant_release: str):
+    """Every `kubectl get <x>` in the README, docs, examples and the chart's notes names a resource the cluster
+    serves, and none names one that is not what it seems: ComponentStatus (`cs`) in place of sessions."""
+    served = api_resources(kube)
+    known = {n for n, _, _ in served} | {n[:-1] for n, _, _ in served if n.endswith("s")}  # plural, singular
+    known |= {s for _, shorts, _ in served for s in shorts}
+    componentstatus = {n for n, shorts, g in served if n == "componentstatuses" for n in (n, *shorts)}
     files = [REPO / "README.md", *(REPO / "docs").rglob("*.md"), *(REPO / "examples").rglob("*.yaml"),
              REPO / "charts" / "vivant" / "templates" / "NOTES.txt"]
-    used = {(f.relative_to(REPO).as_posix(), m) for f in files
-            for m in re.findall(r"kubectl get ([a-z.,]+)", f.read_text())}
-    assert used, "no `kubectl get` found: the check reads the wrong files"
-    unknown = sorted(u for u in used if u[1] not in names)
-    assert not unknown, f"`kubectl get` with a name that is not one of ours: {unknown}"
+    used = {(f.relative_to(REPO).as_posix(), word) for f in files
+            for m in re.findall(r"kubectl get ([a-z.,]+)", f.read_text()) for word in m.split(",")}
+    assert any(word in r.SESSION_SHORT_NAMES or word == r.SESSION_PLURAL for _, word in used), used
+    wrong = sorted((f, w) for f, w in used if w.split(".")[0] not in known or w in componentstatus)
+    assert not wrong, f"`kubectl get` of something that is not served, or is ComponentStatus: {wrong}"

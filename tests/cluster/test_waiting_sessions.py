@@ -57,12 +57,12 @@ def test_waiting_sessions_say_why_and_log_once_per_change(kube: Kube, vivant_rel
 
     # A waiting period: the sessions keep waiting, nothing changes, and the operator keeps quiet about them.
     mark = log.mark()
-    time.sleep(10)
+    time.sleep(8)
     window = log.since(mark)
     about = [line for line in window.splitlines() if any(f"{namespace}/{n}" in line for n in CASES)]
     assert not [line for line in window.splitlines() if "[ERROR" in line], window[-3000:]
     assert not re.search(r"Timer '[a-z_]+' succeeded", window), window[-3000:]
-    assert len(about) <= len(CASES), f"{len(about)} lines about {len(CASES)} unchanged waiting sessions in 10 s:\n" + \
+    assert len(about) <= len(CASES), f"{len(about)} lines about {len(CASES)} unchanged waiting sessions in 8 s:\n" + \
         "\n".join(about[-20:])
     for name in CASES:
         assert says(name), f"{name} lost its reason: {status(kube, SESSIONS, name, namespace)}"
