@@ -17,9 +17,9 @@ import time
 import numpy as np
 import torch
 from vivant.bench.gpu_step import _audio, build_rank
-from vivant.worker.config import ModelConfig
-from vivant.worker.fast_dit import FastDiT
-from vivant.worker.generator import ChunkGenerator
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.fast_dit import FastDiT
+from vivant.worker.model.generator import ChunkGenerator
 
 
 def main() -> None:

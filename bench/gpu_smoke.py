@@ -3,10 +3,10 @@ graphs vs the baseline mode, 30 chunks with resets; prints per-chunk relative RM
 
 import numpy as np
 import torch
-from vivant.worker.config import ModelConfig
-from vivant.worker.fast_dit import FastDiT
-from vivant.worker.generator import ChunkGenerator
-from vivant.worker.model import VideoDiT, init_random_
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.fast_dit import FastDiT
+from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.model import VideoDiT, init_random_
 
 cfg = ModelConfig.from_name("tiny", d_model=128, n_heads=4, head_dim=32, rope_dims=(12, 10, 10), d_ff=256)
 m = init_random_(VideoDiT(cfg), seed=4).cuda().to(torch.bfloat16)

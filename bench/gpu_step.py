@@ -8,7 +8,7 @@ the GPU; the all-reduce after O and down is replaced by its one-GPU stand-in and
              with the new tokens, rotate every cached key, quantize the whole K/V set), SDPA attention.
   optimized  FP8 GEMMs (cuBLASLt rowwise), activation quantization fused into norm/modulation and
              SwiGLU, RoPE+FP8+ring write at write time, attention reading the FP8 ring, CUDA graph
-             per pass (worker/fast_dit.py).
+             per pass (worker/model/fast_dit.py).
 
 Breakdown: each component is timed alone with CUDA events (median of do_bench) at its exact shapes and
 multiplied by its count per chunk (60 layers × 4 passes); "other" is the measured chunk time minus the
@@ -31,11 +31,11 @@ from vivant.kernels.qk_norm_rope import qk_norm_rope
 from vivant.kernels.qkv_ring import qkv_ring_write
 from vivant.kernels.ring_attention import ring_attention
 from vivant.kernels.split_kv import split_kv_attention_fp8
-from vivant.worker.config import ModelConfig
-from vivant.worker.fast_dit import FastDiT, auto_kv_splits
-from vivant.worker.generator import ChunkGenerator
-from vivant.worker.model import VideoDiT
-from vivant.worker.tp import apply_tensor_parallel, local_shapes
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.fast_dit import FastDiT, auto_kv_splits
+from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.model import VideoDiT
+from vivant.worker.model.tp import apply_tensor_parallel, local_shapes
 
 
 def _bench(fn, rep_ms=200) -> float:

@@ -53,9 +53,9 @@ def _rank(rank: int, world: int, port: int, args, out: str) -> None:
     res: dict = {"rank": rank, "world": world}
     try:
         from vivant.bench.gpu_step import build_rank
-        from vivant.worker.config import ModelConfig
-        from vivant.worker.fast_dit import FastDiT
-        from vivant.worker.generator import ChunkGenerator
+        from vivant.worker.model.config import ModelConfig
+        from vivant.worker.model.fast_dit import FastDiT
+        from vivant.worker.model.generator import ChunkGenerator
 
         cfg = ModelConfig.from_name("57b", n_layers=args.layers)
         x = torch.randn(cfg.tokens_per_chunk, cfg.d_model, device="cuda", dtype=torch.bfloat16)

@@ -41,10 +41,10 @@ from vivant.kernels.fp8_gemm import fp8_linear, fp8_linear_ref, quantize_weight
 from vivant.kernels.qk_norm_rope import _qk_norm_rope_kernel, qk_norm_rope_ref
 from vivant.kernels.ring_attention import ring_attention, ring_attention_ref
 from vivant.kernels.ring_image import dequant_slots
-from vivant.worker.config import ModelConfig
-from vivant.worker.fast_dit import FastDiT
-from vivant.worker.generator import ChunkGenerator
-from vivant.worker.tp import local_shapes
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.fast_dit import FastDiT
+from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.tp import local_shapes
 
 DEV = "cuda"
 FUSED_CONFIGS = [None, (1, 0, 4), (1, 0, 8), (1, 0, 16), (1, 0, 32), (2, 0, 16), (2, 0, 32), (1, 1024, 4),

@@ -26,6 +26,6 @@ step tp1 "bench step 57b tp1" python3 -m vivant bench step --preset 57b --tp 1 -
     --chunks 20 --warmup 3 --out "$OUT/step_57b_tp1.json"
 step floor "amplification floor of the random 57b shard" python3 bench/gpu_floor.py --chunks 40 --out "$OUT/floor_57b_tp4_rank0.json"
 step tp2 "2 GPUs (NCCL): TP=2 FP8 engine, unfused vs fused GEMM + all-reduce" python3 bench/gpu_tp2.py --out "$OUT/tp2_57b_shapes.json"
-step layout "1 DiT rank + 1 decoder rank (NCCL p2p)" python3 -m vivant.worker.tp_layout --tp 1 --backend nccl --preset ref --chunks 48
+step layout "1 DiT rank + 1 decoder rank (NCCL p2p)" python3 -m vivant.worker.serving.tp_layout --tp 1 --backend nccl --preset ref --chunks 48
 step decode "bench decode 57b" python3 -m vivant bench decode --preset 57b --device cuda --chunks 20 --json --out "$OUT/decode_57b.json"
 ls -la "$OUT"

@@ -18,10 +18,10 @@ import time
 
 import numpy as np
 import torch
-from vivant.worker.config import ModelConfig
-from vivant.worker.generator import ChunkGenerator
-from vivant.worker.model import VideoDiT, init_random_
-from vivant.worker.tp import apply_tensor_parallel
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.model import VideoDiT, init_random_
+from vivant.worker.model.tp import apply_tensor_parallel
 
 
 def _splits(text: str) -> int | str:

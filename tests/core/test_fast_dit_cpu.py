@@ -1,4 +1,4 @@
-"""The GPU engine (worker/fast_dit.py: FP8 weights and activations, fused kernels, ring attention) run on CPU
+"""The GPU engine (worker/model/fast_dit.py: FP8 weights and activations, fused kernels, ring attention) run on CPU
 through its kernels' reference twins, against the float VideoDiT of the same weights — so its block structure
 (fused residual + norm + quantization across block boundaries, modulation tables) is checked without a GPU.
 Graph capture needs CUDA and is exercised by bench/gpu_smoke.py and the GPU benchmark."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from vivant.worker.config import ModelConfig
-from vivant.worker.fast_dit import FastDiT, auto_kv_splits
-from vivant.worker.generator import ChunkGenerator
-from vivant.worker.model import VideoDiT, init_random_
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.fast_dit import FastDiT, auto_kv_splits
+from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.model import VideoDiT, init_random_
 
 
 def _audio(cfg, n):
@@ -105,7 +105,7 @@ def test_split_kv_path_matches_the_single_call(setup, monkeypatch, splits, taken
     """attn_kv_splits: graph-path passes with every slot valid take the split-KV attention with the O quantization
     fused into the combine (7 parts divide the tiny ring's 91 slots); 2 parts do not divide it, so the single call
     runs. Either way the latents follow the unsplit engine's (different summation order, FP8 rounding)."""
-    import vivant.worker.fast_dit as fd
+    import vivant.worker.model.fast_dit as fd
 
     cfg, model = setup
     calls = []

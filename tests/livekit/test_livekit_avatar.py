@@ -28,10 +28,10 @@ import numpy as np
 import pytest
 from livekit import rtc
 from livekit.agents.voice.avatar import AudioSegmentEnd, AvatarOptions, AvatarRunner, QueueAudioOutput
-from vivant.worker.config import ModelConfig
-from vivant.worker.livekit_avatar import EndReason, EndWatch, ModelRenderer, VivantVideoGenerator
-from vivant.worker.livekit_sink import LiveKitSink
-from vivant.worker.pacer import PublishedFrame
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.serving.livekit_avatar import EndReason, EndWatch, ModelRenderer, VivantVideoGenerator
+from vivant.worker.stream.livekit_sink import LiveKitSink
+from vivant.worker.stream.pacer import PublishedFrame
 
 CFG = ModelConfig.from_name("tiny")  # 192x128, 24 fps, 4 frames per chunk, 16 kHz
 pytestmark = pytest.mark.timeout(120)
@@ -151,8 +151,8 @@ async def test_receiver_frames_become_chunk_aligned_audio(rate: int, channels: i
 
 async def test_model_renderer_plugs_in_as_the_video_generator() -> None:
     """vivant's tiny DiT + VAE decoder as the renderer: two chunks of real generated frames."""
-    from vivant.worker.generator import ChunkGenerator
-    from vivant.worker.vae import VAEConfig, build_vae_decoder
+    from vivant.worker.model.generator import ChunkGenerator
+    from vivant.worker.stream.vae import VAEConfig, build_vae_decoder
 
     gen = VivantVideoGenerator(ModelRenderer(ChunkGenerator(CFG), build_vae_decoder(VAEConfig.for_model(CFG))), CFG)
     for f in frames_of(tone(0.3, 16000), 16000, 1):

@@ -1,5 +1,5 @@
-"""The FP8 engine's (worker/fast_dit.py) row-parallel step swapped between "FP8 GEMM, then all-reduce"
-and the fused step (worker/fused_tp.py `FusedFP8RowParallel`), on CPU with gloo, in spawned processes (one
+"""The FP8 engine's (worker/model/fast_dit.py) row-parallel step swapped between "FP8 GEMM, then all-reduce"
+and the fused step (worker/model/fused_tp.py `FusedFP8RowParallel`), on CPU with gloo, in spawned processes (one
 per rank) at world sizes 2 and 4. FastDiT runs eagerly (`use_graphs=False`, `attn_backend="torch"`): its
 kernels run their torch reference twins on CPU.
 
@@ -39,17 +39,17 @@ import pytest
 import torch
 from gloo_ranks import run_ranks
 from vivant.kernels.fp8 import quantize_rows_ref
-from vivant.worker.config import ModelConfig
-from vivant.worker.fast_dit import FastDiT
-from vivant.worker.fused_tp import (
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.fast_dit import FastDiT
+from vivant.worker.model.fused_tp import (
     FusedFP8RowParallel,
     chunked_overlap_fp8_matmul_all_reduce,
     symm_mem_fp8_matmul_all_reduce,
     unfused_fp8_row_parallel,
 )
-from vivant.worker.generator import ChunkGenerator
-from vivant.worker.model import VideoDiT, init_random_
-from vivant.worker.tp import AllReduce, apply_tensor_parallel
+from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.model import VideoDiT, init_random_
+from vivant.worker.model.tp import AllReduce, apply_tensor_parallel
 
 CHUNKS = 6
 SWITCH = {0: False, 2: True, 4: False}  # chunk index → fusedGemmAllReduce from that chunk on
@@ -227,8 +227,9 @@ def test_service_reports_the_path_apply_flags_returned(redis_url):
     from vivant.sessions.flags import FlagStore
     from vivant.sessions.models import Assignment, WorkerInfo
     from vivant.sessions.registry import Registry
-    from vivant.worker.metrics import WorkerMetrics
-    from vivant.worker.service import GeneratorRunner, WorkerService
+    from vivant.worker.serving.metrics import WorkerMetrics
+    from vivant.worker.serving.runners import GeneratorRunner
+    from vivant.worker.serving.service import WorkerService
 
     pool, wid = "gpu-k", "worker-k"
     prom = CollectorRegistry()

@@ -1,4 +1,4 @@
-"""The GEMM fused with the tensor-parallel all-reduce (worker/fused_tp.py), on CPU with gloo, in spawned
+"""The GEMM fused with the tensor-parallel all-reduce (worker/model/fused_tp.py), on CPU with gloo, in spawned
 processes (one per rank) at world sizes 2 and 4.
 
 Per world size one spawn checks, on every rank:
@@ -20,17 +20,17 @@ import numpy as np
 import pytest
 import torch
 from gloo_ranks import run_ranks
-from vivant.worker.config import ModelConfig
-from vivant.worker.fused_tp import (
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.fused_tp import (
     FusedMethod,
     FusedRowParallel,
     row_parallel_path,
     set_row_parallel_path,
     symm_mem_matmul_all_reduce,
 )
-from vivant.worker.generator import ChunkGenerator
-from vivant.worker.model import VideoDiT, init_random_
-from vivant.worker.tp import AllReduce, apply_tensor_parallel
+from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.model import VideoDiT, init_random_
+from vivant.worker.model.tp import AllReduce, apply_tensor_parallel
 
 CHUNKS = 6
 SWITCH = {2: True, 4: False}  # chunk index → fusedGemmAllReduce from that chunk on

@@ -1,4 +1,4 @@
-"""The worker's tp + 1 process layout (worker/tp_layout.py) at small scale on CPU: gloo, spawned processes,
+"""The worker's tp + 1 process layout (worker/serving/tp_layout.py) at small scale on CPU: gloo, spawned processes,
 the tiny preset. 2 DiT ranks + 1 decoder rank run a 4-chunk session with the fused flag switched on at
 chunk 2 by rank 0; the latents rank 0 sends arrive at the decoder rank bit for bit, the decoder's frames
 come out to the sink and equal a local decode of the same latents, and the latents equal the unsharded
@@ -13,12 +13,19 @@ import numpy as np
 import pytest
 import torch
 from torch.multiprocessing import ProcessRaisedException
-from vivant.worker.config import ConfigError, ModelConfig
-from vivant.worker.generator import ChunkGenerator
-from vivant.worker.model import VideoDiT, init_random_
-from vivant.worker.tp import apply_tensor_parallel
-from vivant.worker.tp_layout import FlagsAt, RankRole, SaveChunksSink, TPRunConfig, WorkerLayout, launch
-from vivant.worker.vae import VAEConfig, build_vae_decoder
+from vivant.worker.model.config import ConfigError, ModelConfig
+from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.model import VideoDiT, init_random_
+from vivant.worker.model.tp import apply_tensor_parallel
+from vivant.worker.serving.tp_layout import (
+    FlagsAt,
+    RankRole,
+    SaveChunksSink,
+    TPRunConfig,
+    WorkerLayout,
+    launch,
+)
+from vivant.worker.stream.vae import VAEConfig, build_vae_decoder
 
 CHUNKS = 4
 

@@ -1,4 +1,4 @@
-"""`vivant worker --engine` (worker/engine.py): which engine the serving generator runs, on CPU.
+"""`vivant worker --engine` (worker/model/engine.py): which engine the serving generator runs, on CPU.
 
 "auto" picks the float VideoDiT off CUDA; "fast" builds FastDiT (its kernels' float32 twins, no graphs on
 CPU) and tracks the float model of the same seed; bad combinations are refused by name; the CLI flag and
@@ -11,11 +11,12 @@ import argparse
 
 import numpy as np
 import pytest
-from vivant.worker.config import ModelConfig
-from vivant.worker.engine import ENGINES, build_generator
-from vivant.worker.fast_dit import FastDiT
-from vivant.worker.model import VideoDiT
-from vivant.worker.service import GeneratorRunner, add_arguments
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.engine import ENGINES, build_generator
+from vivant.worker.model.fast_dit import FastDiT
+from vivant.worker.model.model import VideoDiT
+from vivant.worker.serving.cli import add_arguments
+from vivant.worker.serving.runners import GeneratorRunner
 
 CFG = ModelConfig.from_name("tiny")
 CHUNKS = 4
@@ -34,7 +35,7 @@ def _latents(gen, chunks=CHUNKS):
 
 
 def test_auto_on_cpu_runs_the_float_model(caplog):
-    with caplog.at_level("INFO", logger="vivant.worker.engine"):
+    with caplog.at_level("INFO", logger="vivant.worker.model.engine"):
         gen = build_generator(CFG, device="cpu", seed=3)
     assert isinstance(gen.model, VideoDiT), f"auto on CPU: expected a VideoDiT, got {type(gen.model).__name__}"
     assert "engine auto -> model" in caplog.text, f"auto did not log its choice: {caplog.text!r}"

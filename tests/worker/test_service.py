@@ -15,7 +15,9 @@ from vivant.apis.feature_flags import FlagValues
 from vivant.sessions.flags import FlagStore
 from vivant.sessions.models import Assignment, WorkerInfo
 from vivant.sessions.registry import Registry
-from vivant.worker.service import ChunkReport, GeneratorRunner, WorkerService
+from vivant.worker.serving.runner import ChunkReport
+from vivant.worker.serving.runners import GeneratorRunner
+from vivant.worker.serving.service import WorkerService
 
 POOL = "gpu-w"
 WID = "worker-0"
@@ -175,7 +177,7 @@ class TestLifecycle:
 class TestMetrics:
     def test_session_series_kernel_path_and_slo_result(self, make):
         from prometheus_client import CollectorRegistry
-        from vivant.worker.metrics import WorkerMetrics
+        from vivant.worker.serving.metrics import WorkerMetrics
 
         prom = CollectorRegistry()
         h = make(metrics=WorkerMetrics(pool=POOL, registry=prom)).start()

@@ -41,18 +41,19 @@ from vivant.apis.feature_flags import FlagValues
 from vivant.sessions.flags import FlagStore
 from vivant.sessions.models import Assignment, SessionStats, WorkerInfo
 from vivant.sessions.registry import Registry
-from vivant.worker.config import ModelConfig
-from vivant.worker.livekit_avatar import AvatarJoin, EndReason, LiveKitSessionRunner, VivantVideoGenerator
-from vivant.worker.pipeline import StreamPipeline
-from vivant.worker.service import (
-    MAX_DURATION_REASON,
-    ChunkReport,
-    SessionEnded,
-    WorkerService,
-    add_arguments,
-    build_runner,
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.serving.cli import add_arguments
+from vivant.worker.serving.cli import run as run_worker_cli
+from vivant.worker.serving.livekit_avatar import (
+    AvatarJoin,
+    EndReason,
+    LiveKitSessionRunner,
+    VivantVideoGenerator,
 )
-from vivant.worker.service import run as run_worker_cli
+from vivant.worker.serving.runner import MAX_DURATION_REASON, ChunkReport, SessionEnded
+from vivant.worker.serving.runners import build_runner
+from vivant.worker.serving.service import WorkerService
+from vivant.worker.stream.pipeline import StreamPipeline
 
 CFG = ModelConfig.from_name("tiny")  # 192x128, 24 fps, 4 frames per chunk, 16 kHz
 POOL, WID, AGENT = "gpu-lk", "worker-lk-0", "agent-1"
@@ -364,9 +365,9 @@ def test_session_ended_needs_a_reason():
 
 
 def test_pipeline_stops_early_and_reports_the_chunks_made():
-    from vivant.worker.generator import ChunkGenerator
-    from vivant.worker.sinks import NullSink
-    from vivant.worker.vae import VAEConfig, build_vae_decoder
+    from vivant.worker.model.generator import ChunkGenerator
+    from vivant.worker.stream.sinks import NullSink
+    from vivant.worker.stream.vae import VAEConfig, build_vae_decoder
 
     stop = threading.Event()
     sink = NullSink()
@@ -377,9 +378,9 @@ def test_pipeline_stops_early_and_reports_the_chunks_made():
 
 
 def test_pipeline_stopped_before_its_first_chunk_reports_none():
-    from vivant.worker.generator import ChunkGenerator
-    from vivant.worker.sinks import NullSink
-    from vivant.worker.vae import VAEConfig, build_vae_decoder
+    from vivant.worker.model.generator import ChunkGenerator
+    from vivant.worker.stream.sinks import NullSink
+    from vivant.worker.stream.vae import VAEConfig, build_vae_decoder
 
     stop = threading.Event()
     stop.set()

@@ -1,6 +1,6 @@
 """Train the `ref` VideoDiT with teacher-forced context that has exactly the ring cache's semantics.
 
-What the cache holds at inference (worker/generator.py, worker/kv_cache.py): every pass rewrites the
+What the cache holds at inference (worker/model/generator.py, worker/model/kv_cache.py): every pass rewrites the
 chunk's K/V, so after a chunk the cache keeps the K/V of its LAST pass — the chunk's latent at
 σ_last = sigmas[-1] = 0.25 (after three Euler steps), embedded with timestep σ_last, attending its own
 context. A later chunk attends those K/V (sink when valid, the window, itself).
@@ -35,11 +35,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from vivant.kernels.rope import rope_angles
-
-from ..config import ModelConfig
-from ..model import VideoDiT, init_random_, timestep_embedding
-from ..positions import RingLayout, chunk_positions
-from .common import Budget, Log, sample_windows
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.model import VideoDiT, init_random_, timestep_embedding
+from vivant.worker.model.positions import RingLayout, chunk_positions
+from vivant.worker.train.common import Budget, Log, sample_windows
 
 LR = 5e-4  # peak AdamW learning rate (warm-up 200 steps, cosine over the time budget)
 

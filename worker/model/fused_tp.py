@@ -23,7 +23,7 @@ x [..., K_local] (K_local = K / tp: this rank's heads × head_dim, or d_ff / tp)
   raises NotImplementedError with the reason.
 * `auto`: `symm_mem` for CUDA tensors on an NCCL group, else `chunked_overlap`.
 
-The FP8 engine (worker/fast_dit.py) runs the same projections as `fp8_linear(a8, sa, w8, sw)` with one
+The FP8 engine (worker/model/fast_dit.py) runs the same projections as `fp8_linear(a8, sa, w8, sw)` with one
 scale per token row (sa [M]) and per output channel (sw [N]); its swappable step has one signature,
 `step(a8, sa, w8, sw, reduce) -> bf16 [M, N]`: `unfused_fp8_row_parallel` (GEMM, then `reduce`) or a
 `FusedFP8RowParallel` (same methods as above: `symm_mem` runs torch's
@@ -46,9 +46,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from vivant.kernels.fp8_gemm import fp8_linear
-
-from .model import Reduce, VideoDiT
-from .tp import AllReduce
+from vivant.worker.model.model import Reduce, VideoDiT
+from vivant.worker.model.tp import AllReduce
 
 MULTICAST_ENV = "TORCH_SYMM_MEM_DISABLE_MULTICAST"
 IN_SWITCH_MESSAGE = (
@@ -150,7 +149,7 @@ def require_multicast_off() -> None:
     """The symmetric-memory paths are peer-to-peer only: refuse unless multicast (NVLS) is disabled."""
     if os.environ.get(MULTICAST_ENV) != "1":
         raise RuntimeError(f"{MULTICAST_ENV} = {os.environ.get(MULTICAST_ENV)!r}; expected '1' (in-switch/multicast "
-                           "reduction must stay off; the launcher in worker/tp_layout.py sets it before init)")
+                           "reduction must stay off; the launcher in worker/serving/tp_layout.py sets it before init)")
 
 
 def _symm_mem_module(group: dist.ProcessGroup, on_cuda: bool):

@@ -29,9 +29,9 @@ from typing import Any
 
 from vivant.apis.feature_flags import FlagValues
 from vivant.sessions.models import Assignment
-from vivant.worker.pipeline import StreamPipeline, StreamReport
-from vivant.worker.service import MAX_DURATION_REASON, ChunkReport, SessionEnded
-from vivant.worker.sinks import FrameSink, Mp4Sink, NullSink
+from vivant.worker.serving.runner import MAX_DURATION_REASON, ChunkReport, SessionEnded
+from vivant.worker.stream.pipeline import StreamPipeline, StreamReport
+from vivant.worker.stream.sinks import FrameSink, Mp4Sink, NullSink
 
 log = logging.getLogger(__name__)
 

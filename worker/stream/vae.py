@@ -32,6 +32,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.ref_model import ref_paths
 
 
 class LatentShapeError(ValueError):
@@ -338,3 +340,11 @@ def load_vae_decoder(
     model = VAEDecoder(cfg)
     model.load_state_dict(tensors, strict=True)
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def load_ref_decoder(weights_dir: str | Path | None = None, device: str = "cpu") -> tuple[ModelConfig, VAEDecoder]:
+    """The trained `ref` character's decoder (weights/ref/, see vivant.worker.model.ref_model) and its
+    model config; a ValueError names a missing file."""
+    cfg = ModelConfig.from_name("ref")
+    _, vae = ref_paths(weights_dir)
+    return cfg, load_vae_decoder(VAEConfig.for_model(cfg), vae, device=device)

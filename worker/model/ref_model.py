@@ -1,4 +1,5 @@
-"""Where the trained `ref` character lives and how to load it (demo, eval, service).
+"""Where the trained `ref` character lives (demo, eval, service); its decoder loads with
+`vivant.worker.stream.vae.load_ref_decoder`.
 
 The weights ship in the repository under `weights/ref/` (written by `vivant train ref`, see
 docs/reference_model.md): `ref_dit.safetensors` (the VideoDiT of the `ref` preset), `ref_vae.safetensors`
@@ -9,14 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .config import ModelConfig
-from .vae import VAEConfig, VAEDecoder, load_vae_decoder
-
 DIT_FILE, VAE_FILE, ENCODER_FILE = "ref_dit.safetensors", "ref_vae.safetensors", "ref_vae_encoder.safetensors"
 
 
 def default_weights_dir() -> Path:
-    return Path(__file__).resolve().parents[1] / "weights" / "ref"
+    return Path(__file__).resolve().parents[2] / "weights" / "ref"
 
 
 def ref_weights_present(weights_dir: str | Path | None = None) -> bool:
@@ -31,9 +29,3 @@ def ref_paths(weights_dir: str | Path | None = None) -> tuple[Path, Path]:
         if not (d / name).is_file():
             raise ValueError(f"--weights {str(d)!r}: {name} is missing; expected the output of `vivant train ref`")
     return d / DIT_FILE, d / VAE_FILE
-
-
-def load_ref_decoder(weights_dir: str | Path | None = None, device: str = "cpu") -> tuple[ModelConfig, VAEDecoder]:
-    cfg = ModelConfig.from_name("ref")
-    _, vae = ref_paths(weights_dir)
-    return cfg, load_vae_decoder(VAEConfig.for_model(cfg), vae, device=device)

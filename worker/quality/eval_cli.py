@@ -8,7 +8,7 @@ goes through two paths of the same weights and the same per-chunk noise:
 
 Both latents streams are decoded by the same VAE decoder (separate causal caches). Reported: per-chunk
 relative RMS of the latents ‖opt − ref‖ / ‖ref‖, PSNR/SSIM between the two videos, the lip-sync proxy
-of each (worker/lipsync.py) and, for orientation, of the procedural ground truth drawn from the same
+of each (worker/quality/lipsync.py) and, for orientation, of the procedural ground truth drawn from the same
 audio, and PSNR of each path against that ground truth. The gate fails (exit 1) when the optimized
 path's lip-sync correlation is more than `--max-lipsync-drop` (1 %, relative) below the reference's, or
 when the latents drift: the mean relative RMS over the last quarter of chunks exceeds
@@ -25,14 +25,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from .config import ModelConfig
-from .generator import ChunkGenerator
-from .lipsync import lip_sync, psnr, ssim
-from .model import VideoDiT
-from .ref_model import load_ref_decoder, ref_paths
-from .vae import VAEDecoder
-from .weights import load_weights
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.model import VideoDiT
+from vivant.worker.model.ref_model import ref_paths
+from vivant.worker.model.weights import load_weights
+from vivant.worker.quality.lipsync import lip_sync, psnr, ssim
+from vivant.worker.stream.vae import VAEDecoder, load_ref_decoder
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def held_out_audio(cfg: ModelConfig, seconds: float, seed: int) -> tuple[np.ndarray, list[str]]:
     """Held-out sessions (train/dataset.HELD_OUT_WORDS and voices) concatenated to ≥ `seconds`."""
-    from .train.dataset import session_audio
+    from vivant.worker.train.dataset import session_audio
 
     rng = np.random.default_rng(10_000 + seed)
     parts, texts, total = [], [], 0
@@ -96,7 +95,7 @@ def run_path(gen: ChunkGenerator, vae: VAEDecoder, audio: np.ndarray, chunks: in
 
 def ground_truth_frames(audio: np.ndarray, cfg: ModelConfig) -> np.ndarray:
     """The procedural character driven by the same audio (eyes open, head still): uint8 [N, H, W, 3]."""
-    from .train.dataset import frame_envelope, mouth_from_envelope, render_faces
+    from vivant.worker.train.dataset import frame_envelope, mouth_from_envelope, render_faces
 
     n = len(audio) * cfg.fps // cfg.audio_sample_rate
     opening = torch.from_numpy(mouth_from_envelope(frame_envelope(audio, n, cfg.audio_sample_rate, cfg.fps)))
@@ -180,7 +179,7 @@ def stability_over_time(video: np.ndarray, gt: np.ndarray) -> dict:
     """Identity and flicker, first vs last quarter of the session: PSNR against the procedural character
     outside the mouth box (dB; identity kept ⇔ no drop), and flicker = mean |frame − previous frame|
     (0–255; flicker growth ⇔ the last quarter's is larger)."""
-    from .train.dataset import mouth_box
+    from vivant.worker.train.dataset import mouth_box
 
     y0, y1, x0, x1 = mouth_box(video.shape[1], video.shape[2])
     keep = np.ones(video.shape[1:3], bool)
@@ -202,8 +201,8 @@ def stability_over_time(video: np.ndarray, gt: np.ndarray) -> dict:
 
 
 def write_side_by_side(path: str, videos: list[np.ndarray], audio: np.ndarray, cfg: ModelConfig) -> None:
-    from .pacer import PublishedFrame
-    from .sinks import Mp4Sink
+    from vivant.worker.stream.pacer import PublishedFrame
+    from vivant.worker.stream.sinks import Mp4Sink
 
     frames = np.concatenate([v[: min(map(len, videos))] for v in videos], axis=2)
     sink = Mp4Sink(path, frames.shape[2], frames.shape[1], cfg.fps, cfg.audio_sample_rate)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
-from vivant.worker.pacer import Clock, MonotonicClock
+from vivant.worker.stream.pacer import Clock, MonotonicClock
 
 
 class SampleRateError(ValueError):

@@ -25,7 +25,7 @@ With a baseline-mode cache (numerics reference only) the same FP8 GEMMs run with
 whole-cache work in place of the ring write + ring attention, eagerly.
 
 The O and down projections with their TP sums go through one swappable step, `row_parallel(a8, sa, w8,
-sw, reduce) -> bf16` (worker/fused_tp.py): `unfused_fp8_row_parallel` (the FP8 GEMM, then the block's
+sw, reduce) -> bf16` (worker/model/fused_tp.py): `unfused_fp8_row_parallel` (the FP8 GEMM, then the block's
 all-reduce) or a `FusedFP8RowParallel` (the GEMM fused with the reduction: torch's symmetric-memory
 scaled matmul + reduce-scatter on CUDA/NCCL, chunked overlap elsewhere). `set_row_parallel_path` swaps it
 between chunks (`ChunkGenerator.apply_flags`) and drops the captured graphs, which hold the old step's
@@ -49,10 +49,14 @@ from vivant.kernels.qkv_ring import qkv_ring_write
 from vivant.kernels.ring_attention import ring_attention
 from vivant.kernels.rope import rope_angles
 from vivant.kernels.split_kv import split_kv_attention_fp8
-
-from .fused_tp import FusedFP8RowParallel, FusedMethod, tp_group_of, unfused_fp8_row_parallel
-from .kv_cache import KVCache
-from .model import VideoDiT, timestep_embedding
+from vivant.worker.model.fused_tp import (
+    FusedFP8RowParallel,
+    FusedMethod,
+    tp_group_of,
+    unfused_fp8_row_parallel,
+)
+from vivant.worker.model.kv_cache import KVCache
+from vivant.worker.model.model import VideoDiT, timestep_embedding
 
 log = logging.getLogger(__name__)
 

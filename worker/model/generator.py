@@ -6,7 +6,7 @@ repeat) at sigma = sigmas[0] = 1 and takes one Euler step per pass, x ← x + (�
 4 attention calls per layer per chunk, as in the reference system (60 layers × 4 = 240 calls).
 
 Before a chunk whose temporal index would reach `t_limit`, the position frame shifts back by
-Δ = t_limit − W and cached window keys are delta-rotated once (see worker/positions.py).
+Δ = t_limit − W and cached window keys are delta-rotated once (see worker/model/positions.py).
 """
 
 from __future__ import annotations
@@ -18,14 +18,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from .audio_features import AudioFeaturizer
-from .config import ModelConfig
-from .fused_tp import set_row_parallel_path
-from .kv_cache import MODES, KVCache, StepState
-from .model import VideoDiT, init_random_
-from .positions import PositionFrame, RingLayout, chunk_positions, sink_positions
-from .weights import load_weights
+from vivant.worker.model.audio_features import AudioFeaturizer
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.fused_tp import set_row_parallel_path
+from vivant.worker.model.kv_cache import MODES, KVCache, StepState
+from vivant.worker.model.model import VideoDiT, init_random_
+from vivant.worker.model.positions import PositionFrame, RingLayout, chunk_positions, sink_positions
+from vivant.worker.model.weights import load_weights
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +53,7 @@ class ChunkGenerator:
                 load_weights(model, weights)
         if isinstance(model, VideoDiT):
             model = model.to(device=self.device, dtype=dtype).eval()
-        self.model = model  # a VideoDiT, or an engine with the same call signature (worker/fast_dit.py)
+        self.model = model  # a VideoDiT, or an engine with the same call signature (worker/model/fast_dit.py)
         self.cache: KVCache | None = None
         self.layout = RingLayout(cfg.sink_tokens, cfg.tokens_per_chunk, cfg.window_chunks)
         self.featurize = AudioFeaturizer(sample_rate=cfg.audio_sample_rate, tokens=max(cfg.audio_tokens, 1),
@@ -64,7 +63,7 @@ class ChunkGenerator:
 
     def apply_flags(self, flags: dict) -> str:
         """Between chunks only: switch the row-parallel O/down between GEMM + all-reduce and the fused
-        step (`fusedGemmAllReduce`, see worker/fused_tp.py). Returns the path now in effect:
+        step (`fusedGemmAllReduce`, see worker/model/fused_tp.py). Returns the path now in effect:
         "fused_gemm_all_reduce", "gemm_then_all_reduce", "no_tp" when there is nothing to fuse (TP = 1),
         or "unsupported_engine" when the model is an engine without that swap (it keeps running unfused).
         A VideoDiT swaps its modules; an engine with `set_row_parallel_path` (FastDiT) swaps its FP8 step

@@ -24,15 +24,14 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-
-from .audio_in import AudioInput
-from .config import ModelConfig
-from .generator import ChunkGenerator
-from .pacer import PacerConfig
-from .pipeline import StreamPipeline
-from .ref_model import ref_paths, ref_weights_present
-from .sinks import Mp4Sink
-from .vae import VAEConfig, build_vae_decoder, load_vae_decoder
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.ref_model import ref_paths, ref_weights_present
+from vivant.worker.stream.audio_in import AudioInput
+from vivant.worker.stream.pacer import PacerConfig
+from vivant.worker.stream.pipeline import StreamPipeline
+from vivant.worker.stream.sinks import Mp4Sink
+from vivant.worker.stream.vae import VAEConfig, build_vae_decoder, load_vae_decoder
 
 DEFAULT_TEXT = "Hello! I am a vivant character. Can you see my lips move when I speak?"
 

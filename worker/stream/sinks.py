@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
-from vivant.worker.pacer import PublishedFrame
+from vivant.worker.stream.pacer import PublishedFrame
 
 Timeline = Literal["live", "content"]
 

@@ -3,13 +3,13 @@
 Why: `ChunkGenerator` alone runs the float `VideoDiT`, even on CUDA; the GPU engine (`FastDiT`) was only
 reached by the benchmarks. A worker on GPUs should run the fast engine.
 
-  model  the float VideoDiT (worker/model.py), any device and cache mode: the reference path.
-  fast   FastDiT (worker/fast_dit.py) over the same weights: FP8 GEMMs (fast accumulation on CUDA), fused
+  model  the float VideoDiT (worker/model/model.py), any device and cache mode: the reference path.
+  fast   FastDiT (worker/model/fast_dit.py) over the same weights: FP8 GEMMs (fast accumulation on CUDA), fused
          kernels, attention over the FP8 ring's bf16 read image (cuDNN SDPA), CUDA graphs; bf16 on CUDA.
          On CPU it runs its kernels' float32 twins, eagerly (tests). Needs mode "optimized" (FP8 ring).
   auto   fast on CUDA with mode "optimized", else model.
 
-Imports torch lazily, so `vivant.worker.service` can name ENGINES without loading it.
+Imports torch lazily, so `vivant worker`'s CLI (vivant.worker.serving.cli) can name ENGINES without loading it.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
-
-    from .config import ModelConfig
-    from .generator import ChunkGenerator
+    from vivant.worker.model.config import ModelConfig
+    from vivant.worker.model.generator import ChunkGenerator
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +32,7 @@ def build_generator(cfg: ModelConfig, *, mode: str = "optimized", device: str | 
                     seed: int = 0, weights: str | Path | None = None, engine: str = "auto") -> ChunkGenerator:
     """A `ChunkGenerator` for `cfg` running on `engine` (one of ENGINES); see the module docstring."""
     import torch
-
-    from .generator import ChunkGenerator
+    from vivant.worker.model.generator import ChunkGenerator
 
     if engine not in ENGINES:
         raise ValueError(f"engine = {engine!r}; expected one of {', '.join(ENGINES)}")
@@ -52,10 +50,9 @@ def build_generator(cfg: ModelConfig, *, mode: str = "optimized", device: str | 
                          "use engine = 'model' for the baseline")
 
     from vivant.kernels.fp8_gemm import prefer_static_gemm_schedule
-
-    from .fast_dit import FastDiT
-    from .model import VideoDiT, init_random_
-    from .weights import load_weights
+    from vivant.worker.model.fast_dit import FastDiT
+    from vivant.worker.model.model import VideoDiT, init_random_
+    from vivant.worker.model.weights import load_weights
 
     dtype = torch.bfloat16 if cuda else torch.float32
     if cuda:  # before the first cuBLASLt GEMM of this process (kernels/fp8_gemm.py says why)

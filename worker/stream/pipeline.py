@@ -26,12 +26,19 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
-
-from .audio_in import AudioInput
-from .decoder_stage import DecoderStage, LatentChunk
-from .pacer import Clock, DecodedChunk, MonotonicClock, Pacer, PacerConfig, PacerFull, PublishedFrame
-from .sinks import FrameSink
-from .vae import VAEDecoder
+from vivant.worker.stream.audio_in import AudioInput
+from vivant.worker.stream.decoder_stage import DecoderStage, LatentChunk
+from vivant.worker.stream.pacer import (
+    Clock,
+    DecodedChunk,
+    MonotonicClock,
+    Pacer,
+    PacerConfig,
+    PacerFull,
+    PublishedFrame,
+)
+from vivant.worker.stream.sinks import FrameSink
+from vivant.worker.stream.vae import VAEDecoder
 
 
 @dataclass

@@ -27,8 +27,7 @@ from vivant.kernels.delta_rotate import delta_rotate
 from vivant.kernels.fp8 import dequantize_rows, quantize_rows_ref
 from vivant.kernels.ring_image import dequant_all, dequant_slots
 from vivant.kernels.rope import apply_rope_ref
-
-from .positions import RingLayout
+from vivant.worker.model.positions import RingLayout
 
 log = logging.getLogger(__name__)
 

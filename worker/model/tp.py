@@ -20,8 +20,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-
-from .model import VideoDiT
+from vivant.worker.model.model import VideoDiT
 
 
 class AllReduce(nn.Module):

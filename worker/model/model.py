@@ -7,7 +7,7 @@ per-block table, so modulation costs 6·d per block rather than a d×6d matrix p
 block-causal self-attention through the KV cache (the chunk attends the sink, the window and itself)
 and a SwiGLU MLP. Q and K get a per-head RMSNorm; RoPE (3 bands t, h, w) is applied by the cache.
 
-Tensor parallelism is a separate transform (worker/tp.py): it slices `qkv`, `gate_up` column-wise
+Tensor parallelism is a separate transform (worker/model/tp.py): it slices `qkv`, `gate_up` column-wise
 and `o`, `down` row-wise and installs the all-reduce after the row-parallel projections; the modules
 here read their local head count and widths from their weights' shapes.
 """
@@ -19,9 +19,8 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-from .config import ModelConfig
-from .kv_cache import KVCache
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.kv_cache import KVCache
 
 
 class RMSNorm(nn.Module):

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-
-from .train.dataset import frame_envelope, mouth_box
+from vivant.worker.train.dataset import frame_envelope, mouth_box
 
 DARK_LUMA = 0.25
 

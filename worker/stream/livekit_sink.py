@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from livekit import rtc
-from vivant.worker.pacer import PublishedFrame
+from vivant.worker.stream.pacer import PublishedFrame
 
 
 @dataclass

@@ -60,8 +60,9 @@ from livekit.agents.voice.avatar import (
     DataStreamAudioReceiver,
     VideoGenerator,
 )
-from vivant.worker.audio_in import AudioInput, ChunkAudio, ChunkGrid
-from vivant.worker.livekit_sink import pcm_to_audio_frame, rgb_to_video_frame
+from vivant.worker.serving.runner import ChunkReport, SessionEnded
+from vivant.worker.stream.audio_in import AudioInput, ChunkAudio, ChunkGrid
+from vivant.worker.stream.livekit_sink import pcm_to_audio_frame, rgb_to_video_frame
 
 log = logging.getLogger(__name__)
 
@@ -357,7 +358,7 @@ async def run_avatar_session(join: AvatarJoin, renderer: ChunkRenderer, grid: Vi
 
 
 class LiveKitSessionRunner:
-    """The worker service's `SessionRunner` for LiveKit sessions (vivant.worker.service).
+    """The worker service's `SessionRunner` for LiveKit sessions (vivant.worker.serving.runner).
 
     `begin` starts (once) an event-loop thread, resets the renderer (if it has `reset(seed)`), joins the
     assignment's room with its URL and token and starts `AvatarRunner` with an externally driven
@@ -443,8 +444,6 @@ class LiveKitSessionRunner:
         return end.reason.value if end is not None and end.reason is not None else None
 
     def step(self) -> Any:
-        from vivant.worker.service import ChunkReport, SessionEnded
-
         gen: VivantVideoGenerator = self._session["gen"]
         waited_since = time.monotonic()
         while self._call(self._queued(gen)) > self.lead_items:

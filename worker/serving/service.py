@@ -23,138 +23,34 @@ either way the session ends as `Ended` with that reason in `SessionStats.end_rea
 `apply_flags` returned, e.g. "no_tp" at TP = 1 or "unsupported_engine"), not the flag that asked for it;
 only a runner that cannot tell (returns None) is reported by the requested flag. `vivant worker --runner` picks the runner:
 `generator` (`GeneratorRunner`: the chunk generator fed with silence, latents to a null or file sink),
-`pipeline` (`vivant.worker.pipeline_runner.PipelineRunner`: the full stream pipeline, decoder and
-pacer, frames to a null or MP4 sink) or `livekit` (`vivant.worker.livekit_avatar.LiveKitSessionRunner`:
+`pipeline` (`vivant.worker.serving.pipeline_runner.PipelineRunner`: the full stream pipeline, decoder and
+pacer, frames to a null or MP4 sink) or `livekit` (`vivant.worker.serving.livekit_avatar.LiveKitSessionRunner`:
 joins the assignment's room with its URL and token; needs a reachable LiveKit server, which this
 project's CI does not have). Tests pass small runners of their own.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
-import signal
-import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 import numpy as np
 from vivant.apis.feature_flags import FlagValues
 from vivant.sessions.flags import FlagStore, FlagWatcher
 from vivant.sessions.models import Assignment, EndRequest, FlagSet, SessionStats, WorkerInfo
-from vivant.sessions.registry import Registry, RegistryUnavailable, redis_client
-from vivant.worker.engine import ENGINES
-from vivant.worker.metrics import WorkerMetrics
-from vivant.worker.metrics import serve as serve_metrics
+from vivant.sessions.registry import Registry, RegistryUnavailable
+from vivant.worker.serving.metrics import WorkerMetrics
+from vivant.worker.serving.runner import MAX_DURATION_REASON, SessionEnded, SessionRunner
 
 log = logging.getLogger(__name__)
 # `vivant_worker_kernel_path_info{path=...}` values for the tensor-parallel GEMM + all-reduce
 FUSED_PATH, UNFUSED_PATH = "fused_gemm_all_reduce", "gemm_then_all_reduce"
-MAX_DURATION_REASON = "max duration reached"  # SessionStats.end_reason when the assignment's max duration passed
 T = TypeVar("T")
-
-
-# ------------------------------------------------------------------------------------------------
-# the model behind a narrow interface
-# ------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ChunkReport:
-    """What one `SessionRunner.step` did: chunk index, compute time (ms), frames made, NaN/Inf seen."""
-
-    index: int
-    compute_ms: float
-    frames: int
-    numerical_fault: bool = False
-
-
-class SessionEnded(Exception):  # noqa: N818 (an outcome, not an error)
-    """Raised by `SessionRunner.step` when the session ended on the runner's side (e.g. the agent left
-    the room while the step waited). The service ends the session as `Ended` with `reason`."""
-
-    def __init__(self, reason: str) -> None:
-        if not reason:
-            raise ValueError("SessionEnded: reason must be a non-empty string")
-        super().__init__(reason)
-        self.reason = reason
-
-
-class SessionRunner(Protocol):
-    """The generation side of a worker. `apply_flags` is only ever called between two `step`s.
-
-    Optional: a `kernel_path` attribute (`str | None`), the path in effect after `begin` applied the
-    session's flags. Optional: an `end_reason` attribute (`str | None`); when it is a non-empty string at a chunk
-    boundary the service ends the session with it. `step` may also raise `SessionEnded(reason)`."""
-
-    frames_per_chunk: int
-    chunk_seconds: float
-
-    def begin(self, assignment: Assignment, flags: FlagValues) -> None: ...
-
-    def apply_flags(self, flags: FlagValues) -> str | None:
-        """Apply at a chunk boundary; return the kernel path now in effect, or None if unknown."""
-
-    def step(self) -> ChunkReport: ...
-
-    def end(self, reason: str) -> None: ...
-
-
-class GeneratorRunner:
-    """The real chunk generator (loaded once, warm) fed with silence, writing latents to a null sink or,
-    with `out_dir`, to `out_dir/<session>/chunk_NNNNN.npy` (float32 [C, latent_h, latent_w]). `engine`
-    (worker/engine.py): "auto" runs FastDiT on CUDA in optimized mode, the float VideoDiT otherwise."""
-
-    def __init__(self, preset: str = "tiny", *, mode: str = "optimized", device: str = "cpu",
-                 out_dir: str | Path | None = None, seed: int = 0, weights: str | Path | None = None,
-                 engine: str = "auto") -> None:
-        from vivant.worker.config import ModelConfig
-        from vivant.worker.engine import build_generator
-
-        self.cfg = ModelConfig.from_name(preset)
-        self.generator = build_generator(self.cfg, mode=mode, device=device, seed=seed, weights=weights,
-                                         engine=engine)
-        self.frames_per_chunk = self.cfg.frames_per_chunk
-        self.chunk_seconds = self.cfg.chunk_seconds
-        self.out_dir = Path(out_dir) if out_dir else None
-        self.flags = FlagValues()
-        self.kernel_path: str | None = None  # what the generator's apply_flags last returned
-        self._session_dir: Path | None = None
-
-    def begin(self, assignment: Assignment, flags: FlagValues) -> None:
-        self.generator.reset_session(assignment.seed)
-        self.apply_flags(flags)
-        if self.out_dir is not None:
-            self._session_dir = self.out_dir / assignment.session_id.replace("/", "_")
-            self._session_dir.mkdir(parents=True, exist_ok=True)
-
-    def apply_flags(self, flags: FlagValues) -> str | None:
-        self.flags = flags
-        hook = getattr(self.generator, "apply_flags", None)  # the TP generator swaps its GEMM path here
-        if hook is not None:
-            self.kernel_path = hook(flags.model_dump())
-        return self.kernel_path
-
-    def step(self) -> ChunkReport:
-        n = self.generator.chunk
-        start, stop = self.cfg.chunk_sample_range(n)
-        audio = np.zeros(stop - start, dtype=np.float32)
-        t0 = time.perf_counter()
-        out = self.generator.generate_chunk(audio, self.cfg.audio_sample_rate)
-        ms = (time.perf_counter() - t0) * 1e3
-        fault = not bool(np.isfinite(out.latents.cpu().numpy()).all())
-        if self._session_dir is not None:
-            np.save(self._session_dir / f"chunk_{out.index:05d}.npy", out.latents.cpu().numpy())
-        return ChunkReport(index=out.index, compute_ms=ms, frames=self.frames_per_chunk, numerical_fault=fault)
-
-    def end(self, reason: str) -> None:
-        self._session_dir = None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -502,144 +398,3 @@ class WorkerService:
             with self._lease_lock:
                 self._current = None
             log.error("worker %s: stopped before session %s's end could be recorded", self.worker_id, a.session_id)
-
-
-# ------------------------------------------------------------------------------------------------
-# CLI
-# ------------------------------------------------------------------------------------------------
-
-
-def checkpoint_path(checkpoint: str) -> Path | None:
-    """`--checkpoint` -> a local safetensors path, or None for random weights. Weights are never fetched
-    at run time: a remote URI must be mounted as a volume first."""
-    if not checkpoint or checkpoint.startswith("random://"):  # e.g. random://tiny in a WorkerPool spec
-        return None
-    if checkpoint.startswith("/"):
-        return Path(checkpoint)
-    raise ValueError(f"checkpoint: expected an absolute path (a mounted volume) or random://, got {checkpoint!r}; "
-                     "weights are not fetched at run time")
-
-
-RUNNERS = ("generator", "pipeline", "livekit")
-
-
-def build_runner(args: argparse.Namespace, weights: Path | None) -> SessionRunner:
-    """The runner `--runner` names, with the model loaded (called after the worker registered as loading).
-
-    `livekit` joins each assignment's room with the assignment's URL and token; without a reachable
-    LiveKit server its sessions fail at `begin` (reported as Failed with the join error)."""
-    engine = getattr(args, "engine", "auto")  # a Namespace built by hand (tests) may not have it
-    if args.runner == "generator":
-        return GeneratorRunner(args.preset, mode=args.mode, device=args.device, out_dir=args.out, weights=weights,
-                               engine=engine)
-    from vivant.worker.config import ModelConfig
-    from vivant.worker.engine import build_generator
-    from vivant.worker.vae import VAEConfig, build_vae_decoder, load_vae_decoder
-
-    cfg = ModelConfig.from_name(args.preset)
-    generator = build_generator(cfg, mode=args.mode, device=args.device, weights=weights, engine=engine)
-    vae_cfg = VAEConfig.for_model(cfg)
-    vae = (load_vae_decoder(vae_cfg, args.vae_weights, device=args.device) if args.vae_weights
-           else build_vae_decoder(vae_cfg, device=args.device))
-    if args.runner == "pipeline":
-        from vivant.worker.pipeline_runner import PipelineRunner
-
-        return PipelineRunner(generator, vae, out_dir=args.out)
-    from vivant.worker.livekit_avatar import LiveKitSessionRunner, ModelRenderer
-
-    return LiveKitSessionRunner(ModelRenderer(generator, vae), cfg)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    env = os.environ
-    parser.add_argument("--runner", default=env.get("VIVANT_RUNNER", "generator"), choices=RUNNERS,
-                        help="what serves a session (env VIVANT_RUNNER): generator = chunk generator fed silence, "
-                             "latents to a null/file sink; pipeline = generator + decoder + pacer, frames to a "
-                             "null/MP4 sink; livekit = join the assignment's LiveKit room as the avatar (needs a "
-                             "reachable LiveKit server)")
-    parser.add_argument("--vae-weights", default=env.get("VIVANT_VAE_WEIGHTS") or None,
-                        help="decoder safetensors (absolute path) for --runner pipeline|livekit; default: random "
-                             "weights of the preset's shapes (env VIVANT_VAE_WEIGHTS)")
-    parser.add_argument("--pool", default=env.get("VIVANT_POOL"), help="WorkerPool name (env VIVANT_POOL)")
-    parser.add_argument("--worker-id", default=env.get("VIVANT_WORKER_ID") or env.get("POD_NAME") or socket.gethostname(),
-                        help="worker id, the pod name (env VIVANT_WORKER_ID or POD_NAME; default: hostname)")
-    parser.add_argument("--node", default=env.get("VIVANT_NODE") or env.get("NODE_NAME", ""),
-                        help="node name (env VIVANT_NODE or NODE_NAME)")
-    parser.add_argument("--checkpoint", default=env.get("VIVANT_CHECKPOINT", ""),
-                        help="safetensors checkpoint: an absolute path (mounted volume), or random:// for random "
-                             "weights of the preset's shapes (benchmarks); env VIVANT_CHECKPOINT")
-    parser.add_argument("--tensor-parallel", type=int, default=int(env.get("VIVANT_TENSOR_PARALLEL", "4")),
-                        help="tensor-parallel size this worker reports (env VIVANT_TENSOR_PARALLEL)")
-    parser.add_argument("--metrics-port", type=int, default=int(env.get("VIVANT_METRICS_PORT", "0")),
-                        help="serve Prometheus metrics on this port (env VIVANT_METRICS_PORT; 0 = off)")
-    parser.add_argument("--metrics-addr", default="0.0.0.0", help="address the metrics server binds")
-    parser.add_argument("--redis", default=env.get("VIVANT_REDIS_URL", "redis://127.0.0.1:6379/0"),
-                        help="Redis URL (env VIVANT_REDIS_URL)")
-    parser.add_argument("--preset", default=env.get("VIVANT_MODEL_PRESET", "tiny"), help="model preset")
-    parser.add_argument("--mode", default="optimized", choices=["optimized", "baseline"])
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--engine", default=env.get("VIVANT_ENGINE", "auto"), choices=ENGINES,
-                        help="what runs the denoising passes (env VIVANT_ENGINE): auto = fast on a CUDA device "
-                             "with --mode optimized, else model; fast = FastDiT (FP8 GEMMs, fused kernels, "
-                             "ring read-image attention, CUDA graphs; needs --mode optimized); model = the "
-                             "float VideoDiT")
-    parser.add_argument("--out", default=None, help="file sink: write each chunk's latents (--runner generator) "
-                                                     "or an MP4 per session (--runner pipeline) under this folder")
-    parser.add_argument("--heartbeat-ttl", type=float, default=10.0, help="seconds without heartbeat = dead")
-    parser.add_argument("--realtime", action=argparse.BooleanOptionalAction, default=True,
-                        help="--runner generator: pace chunks at the video frame rate, as a viewer receives them "
-                             "(default: on; --no-realtime runs as fast as the model goes, for throughput tests). "
-                             "The pipeline and livekit runners are paced by their own playout")
-    parser.add_argument("--log-level", default="INFO")
-
-
-def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not args.pool:
-        print("vivant worker: --pool is required (or set VIVANT_POOL)")
-        return 2
-    if args.runner not in RUNNERS:  # argparse does not check a default taken from VIVANT_RUNNER
-        print(f"vivant worker: runner: expected one of {', '.join(RUNNERS)} (--runner or VIVANT_RUNNER), "
-              f"got {args.runner!r}")
-        return 2
-    engine = getattr(args, "engine", "auto")
-    if engine not in ENGINES:  # nor one taken from VIVANT_ENGINE
-        print(f"vivant worker: engine: expected one of {', '.join(ENGINES)} (--engine or VIVANT_ENGINE), "
-              f"got {engine!r}")
-        return 2
-    if engine == "fast" and args.mode != "optimized":
-        print(f"vivant worker: engine: 'fast' needs --mode optimized (an FP8 ring cache), got mode {args.mode!r}")
-        return 2
-    try:
-        weights = checkpoint_path(args.checkpoint)
-    except ValueError as exc:
-        print(f"vivant worker: {exc}")
-        return 2
-    if args.vae_weights and not args.vae_weights.startswith("/"):
-        print(f"vivant worker: vae-weights: expected an absolute path (a mounted volume), got {args.vae_weights!r}")
-        return 2
-    registry = Registry(redis_client(args.redis), heartbeat_ttl_s=args.heartbeat_ttl)
-    metrics = None
-    if args.metrics_port:
-        metrics = WorkerMetrics(pool=args.pool)
-        serve_metrics(args.metrics_port, addr=args.metrics_addr)
-
-    def load() -> SessionRunner:
-        return build_runner(args, weights)
-
-    info = WorkerInfo(worker_id=args.worker_id, pool=args.pool, node=args.node, model_preset=args.preset,
-                      tp_size=args.tensor_parallel, capabilities=tuple(FlagValues.model_fields), warm=False)
-    # The pipeline (pacer lead limit) and LiveKit (AVSynchronizer) runners pace themselves; pacing them
-    # again here would leave them no jitter buffer.
-    service = WorkerService(registry, FlagStore(registry.redis), info, load,
-                            realtime=args.realtime and args.runner == "generator", metrics=metrics)
-
-    def on_signal(signum: int, _frame: object) -> None:
-        log.info("worker %s: signal %d, stopping after the current chunk", info.worker_id, signum)
-        service.stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    log.info("worker %s (pool %s, runner %s) starting", info.worker_id, info.pool, args.runner)
-    service.run()
-    return 0

@@ -8,8 +8,8 @@ want it. The same code runs on CPU with the gloo backend (tests, any tp ≥ 1).
 World (size tp + 1), by global rank:
 
     rank 0 … tp−1   role "dit"      device cuda:r (NCCL) or cpu (gloo); each holds 1/tp of the heads and
-                                    of the SwiGLU width (worker/tp.py) and its own 1/tp of the KV cache
-    rank tp         role "decoder"  device cuda:tp or cpu; the causal VAE (worker/vae.py) and the frame sink
+                                    of the SwiGLU width (worker/model/tp.py) and its own 1/tp of the KV cache
+    rank tp         role "decoder"  device cuda:tp or cpu; the causal VAE (worker/stream/vae.py) and the frame sink
 
 Process groups: the TP group (ranks 0 … tp−1: the all-reduces after O and down, and rank 0's per-chunk
 control broadcast) and the pair group (rank 0, rank tp: latents handed over point to point).
@@ -49,14 +49,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-from .config import ConfigError, ModelConfig
-from .decoder_stage import DecoderStage, LatentChunk
-from .generator import ChunkGenerator
-from .model import VideoDiT, init_random_
-from .pacer import DecodedChunk
-from .tp import apply_tensor_parallel
-from .vae import VAEConfig, build_vae_decoder
+from vivant.worker.model.config import ConfigError, ModelConfig
+from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.model import VideoDiT, init_random_
+from vivant.worker.model.tp import apply_tensor_parallel
+from vivant.worker.stream.decoder_stage import DecoderStage, LatentChunk
+from vivant.worker.stream.pacer import DecodedChunk
+from vivant.worker.stream.vae import VAEConfig, build_vae_decoder
 
 NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 BACKENDS = ("gloo", "nccl")
@@ -337,7 +336,7 @@ def build_sharded_dit(run: TPRunConfig, rank: int, tp_group: dist.ProcessGroup) 
     cfg = run.model_config()
     model = init_random_(VideoDiT(cfg), seed=run.weights_seed)
     if run.weights is not None:
-        from .weights import load_weights
+        from vivant.worker.model.weights import load_weights
 
         load_weights(model, run.weights)
     return apply_tensor_parallel(model, rank, run.layout.tp, group=tp_group)
@@ -475,7 +474,7 @@ def launch(run: TPRunConfig, *, audio_source: Callable[[int], np.ndarray] | None
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m vivant.worker.tp_layout --tp 4 --backend nccl --chunks 360`: one session, a JSON summary."""
+    """`python -m vivant.worker.serving.tp_layout --tp 4 --backend nccl --chunks 360`: one session, a JSON summary."""
     import argparse
     import json
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from vivant.worker.pacer import DecodedChunk
-from vivant.worker.vae import VAEDecoder
+from vivant.worker.stream.pacer import DecodedChunk
+from vivant.worker.stream.vae import VAEDecoder
 
 
 @dataclass
