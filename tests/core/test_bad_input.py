@@ -91,7 +91,7 @@ def test_generator_loads_weights_from_a_checkpoint(tmp_path):
     save_weights(src, tmp_path / "w.safetensors")
     gen = ChunkGenerator(cfg, weights=tmp_path / "w.safetensors")
     for k, v in src.state_dict().items():
-        assert torch.equal(gen.model.state_dict()[k], v), k
+        assert torch.equal(gen.engine.model.state_dict()[k], v), k
 
 
 def test_audio_of_the_wrong_sample_rate_is_refused_and_the_session_keeps_going():

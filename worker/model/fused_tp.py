@@ -5,35 +5,35 @@ after its row-parallel GEMM (`attn.o`, `mlp.down`); at TP = 4 on the 57b preset 
 values per reduce, 120 per pass. Fusing lets the reduction of finished output tiles run while the GEMM
 still computes the rest, so most of the communication hides behind the math.
 
-`FusedRowParallel` has the signature of the pair it replaces: `fused(x) == reduce(linear(x))`, with
-x [..., K_local] (K_local = K / tp: this rank's heads × head_dim, or d_ff / tp) and the result
-[..., N] (N = d_model), summed over the TP group. Methods (`FusedMethod`):
+The model's O and down projections run through one swappable row-parallel step, `step(a, linear, reduce)
+-> [tokens, d_model]` summed over the TP group (worker/model/model.py):
 
-* `symm_mem` (CUDA + NCCL): torch's symmetric-memory op `symm_mem::fused_matmul_reduce_scatter`
-  computes the GEMM in per-peer column blocks and pushes each finished block to its owner over
-  peer-to-peer symmetric memory while the next block is computed, leaving each rank its reduced
-  N / tp columns; an all-gather over the TP group then rebuilds [tokens, N]. Scattering on the
-  column dim (N = d_model divides by tp) avoids padding the 757 token rows (757 is prime). Multicast
-  (NVLS, in-switch) must stay off: this path refuses to run unless TORCH_SYMM_MEM_DISABLE_MULTICAST=1.
-* `chunked_overlap` (any backend, gloo included): the token rows are split into `chunks` blocks; the
-  GEMM of block i runs while block i−1's asynchronous all-reduce is in flight, then all are awaited.
-  Same math as the unfused pair, up to float summation order.
+* `GemmThenAllReduce`: `reduce(linear(a))` — the unfused pair;
+* `FusedGemmAllReduce(method, chunks)`: `linear.matmul_all_reduce(a, group, method, chunks)`, the GEMM fused
+  with the sum, in the linear's own weight format: the float `Linear` (x [M, K_local] @ W[N, K_local]ᵀ) or the
+  FP8 `Fp8Linear` (rows quantized with one scale each, weights with one scale per output channel), each with
+  the methods below. Where the reduce has no group to sum over (TP = 1, the one-GPU stand-in), it runs the
+  unfused pair.
+
+Methods (`FusedMethod`):
+
+* `symm_mem` (CUDA + NCCL): torch's symmetric-memory ops. Float: `symm_mem::fused_matmul_reduce_scatter`
+  computes the GEMM in per-peer column blocks and pushes each finished block to its owner over peer-to-peer
+  symmetric memory while the next is computed, leaving each rank its reduced N / tp columns; an all-gather
+  rebuilds [tokens, N] (scattering columns avoids padding the 757 token rows; 757 is prime). FP8:
+  `symm_mem::fused_scaled_matmul_reduce_scatter` (rowwise scales) scatters token rows, so M is padded to a
+  multiple of tp with zero rows of scale 1 and the gather is on rows. Multicast (NVLS, in-switch) must stay
+  off: these refuse to run unless TORCH_SYMM_MEM_DISABLE_MULTICAST=1.
+* `chunked_overlap` (any backend, gloo included): the token rows in `chunks` blocks; block i's GEMM runs while
+  the earlier blocks' asynchronous all-reduces are in flight, then all are awaited. Same math as the unfused
+  pair, up to summation order.
 * `in_switch`: the design slot for NVLink-multicast (in-switch) reduction on clusters that allow it
-  (e.g. `symm_mem::multimem_all_reduce_`). Not allowed on the machines this project runs on, so it
-  raises NotImplementedError with the reason.
+  (e.g. `symm_mem::multimem_all_reduce_`). Not allowed on the machines this project runs on: it raises
+  NotImplementedError with the reason.
 * `auto`: `symm_mem` for CUDA tensors on an NCCL group, else `chunked_overlap`.
 
-The FP8 engine (worker/model/fast_dit.py) runs the same projections as `fp8_linear(a8, sa, w8, sw)` with one
-scale per token row (sa [M]) and per output channel (sw [N]); its swappable step has one signature,
-`step(a8, sa, w8, sw, reduce) -> bf16 [M, N]`: `unfused_fp8_row_parallel` (GEMM, then `reduce`) or a
-`FusedFP8RowParallel` (same methods as above: `symm_mem` runs torch's
-`symm_mem::fused_scaled_matmul_reduce_scatter`, which scatters token rows, so M is padded to a multiple
-of tp with zero rows and the all-gather is on rows; `chunked_overlap` slices rows and their scales).
-
-`set_row_parallel_path(model, fused=...)` swaps every block's O/down between the unfused pair and the
-fused module. It only touches blocks whose `reduce` is a real `AllReduce` (TP > 1), keeps the original
-modules so the swap is reversible, and is meant to run between chunks (`ChunkGenerator.apply_flags`),
-on every TP rank at the same chunk boundary (the ranks must issue the same collectives).
+`VideoDiT.set_row_parallel_path(fused=...)` installs one step in every block, between chunks only, on every
+TP rank at the same chunk boundary (the ranks must issue the same collectives).
 """
 
 from __future__ import annotations
@@ -41,13 +41,12 @@ from __future__ import annotations
 import enum
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 from vivant.kernels.fp8_gemm import fp8_linear
-from vivant.worker.model.model import Reduce, VideoDiT
-from vivant.worker.model.tp import AllReduce
 
 MULTICAST_ENV = "TORCH_SYMM_MEM_DISABLE_MULTICAST"
 IN_SWITCH_MESSAGE = (
@@ -75,43 +74,6 @@ def resolve_method(method: FusedMethod, x: torch.Tensor, group: dist.ProcessGrou
     if method is not FusedMethod.AUTO:
         return method
     return FusedMethod.SYMM_MEM if x.is_cuda and dist.get_backend(group) == "nccl" else FusedMethod.CHUNKED_OVERLAP
-
-
-class FusedRowParallel(nn.Module):
-    """`reduce(linear(x))` as one step: a row-parallel GEMM whose output is summed over `group`.
-
-    Holds the linear it replaces (weight [N, K_local], shared, not copied) and the unfused reduce module,
-    so `set_row_parallel_path` can restore both. Inference only (no autograd), like `AllReduce`."""
-
-    def __init__(self, linear: nn.Linear, unfused_reduce: AllReduce, *, method: str | FusedMethod = FusedMethod.AUTO,
-                 chunks: int = 4) -> None:
-        super().__init__()
-        if chunks < 1:
-            raise ValueError(f"FusedRowParallel.chunks = {chunks}; expected a positive integer")
-        self.method = parse_method(method)
-        if self.method is FusedMethod.IN_SWITCH:
-            raise NotImplementedError(IN_SWITCH_MESSAGE)
-        self.linear = linear
-        self.unfused_reduce = unfused_reduce
-        self.group = unfused_reduce.group
-        self.chunks = chunks
-
-    def resolved_method(self, x: torch.Tensor) -> FusedMethod:
-        return resolve_method(self.method, x, self.group)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lead, k = x.shape[:-1], x.shape[-1]
-        if k != self.linear.in_features:
-            raise ValueError(f"FusedRowParallel input: expected last dim {self.linear.in_features} (K per rank), got {k}")
-        x2 = x.reshape(-1, k)
-        method = self.resolved_method(x)
-        if method is FusedMethod.SYMM_MEM:
-            y = symm_mem_matmul_all_reduce(x2, self.linear.weight, self.group)
-        else:
-            y = chunked_overlap_matmul_all_reduce(x2, self.linear.weight, self.group, self.chunks)
-        if self.linear.bias is not None:  # added once, after the sum (each rank's partial has no bias)
-            y = y + self.linear.bias
-        return y.reshape(*lead, y.shape[-1])
 
 
 def row_blocks(m: int, chunks: int) -> list[tuple[int, int]]:
@@ -149,7 +111,7 @@ def require_multicast_off() -> None:
     """The symmetric-memory paths are peer-to-peer only: refuse unless multicast (NVLS) is disabled."""
     if os.environ.get(MULTICAST_ENV) != "1":
         raise RuntimeError(f"{MULTICAST_ENV} = {os.environ.get(MULTICAST_ENV)!r}; expected '1' (in-switch/multicast "
-                           "reduction must stay off; the launcher in worker/serving/tp_layout.py sets it before init)")
+                           "reduction must stay off; the worker's launcher sets it in every rank before init)")
 
 
 def _symm_mem_module(group: dist.ProcessGroup, on_cuda: bool):
@@ -191,59 +153,6 @@ def gather_column_shards(shard: torch.Tensor, group: dist.ProcessGroup | None) -
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in newer torch
     gather(stacked, shard, group=group)
     return stacked.view(world, m, nw).permute(1, 0, 2).reshape(m, world * nw)
-
-
-# ---- the FP8 engine's row-parallel step: step(a8, sa, w8, sw, reduce) -> bf16 [M, N] ----------------------
-
-
-def unfused_fp8_row_parallel(a8: torch.Tensor, sa: torch.Tensor, w8: torch.Tensor, sw: torch.Tensor,
-                             reduce: nn.Module, *, fast_accum: bool = False) -> torch.Tensor:
-    """The FP8 GEMM, then the block's reduce (an all-reduce at TP > 1): a8 fp8 [M, K_local], sa f32 [M],
-    w8 fp8 [N, K_local], sw f32 [N] → bf16 [M, N]. fast_accum: cuBLASLt FP8 fast accumulation (fp8_linear)."""
-    return reduce(fp8_linear(a8, sa, w8, sw, fast_accum=fast_accum))
-
-
-def tp_group_of(reduce: nn.Module) -> dist.ProcessGroup | None | bool:
-    """The process group a block's reduce sums over, or False when there is nothing to fuse (an identity
-    `Reduce`, the one-GPU `SimulatedAllReduce`, or an `AllReduce` over a group of one)."""
-    if not isinstance(reduce, AllReduce):
-        return False
-    return reduce.group if dist.get_world_size(reduce.group) > 1 else False
-
-
-class FusedFP8RowParallel:
-    """The FP8 row-parallel GEMM fused with the TP sum, as a drop-in for `unfused_fp8_row_parallel`.
-
-    Blocks whose reduce is not a real multi-rank `AllReduce` run the unfused pair (nothing to fuse).
-    Stateless apart from its settings, so one instance serves every block."""
-
-    def __init__(self, method: str | FusedMethod = FusedMethod.AUTO, chunks: int = 4) -> None:
-        if chunks < 1:
-            raise ValueError(f"FusedFP8RowParallel.chunks = {chunks}; expected a positive integer")
-        self.method = parse_method(method)
-        if self.method is FusedMethod.IN_SWITCH:
-            raise NotImplementedError(IN_SWITCH_MESSAGE)
-        self.chunks = chunks
-
-    def __repr__(self) -> str:
-        return f"FusedFP8RowParallel(method={self.method.value!r}, chunks={self.chunks})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, FusedFP8RowParallel) and (self.method, self.chunks) == (other.method, other.chunks)
-
-    def __hash__(self) -> int:
-        return hash((self.method, self.chunks))
-
-    def __call__(self, a8: torch.Tensor, sa: torch.Tensor, w8: torch.Tensor, sw: torch.Tensor,
-                 reduce: nn.Module, *, fast_accum: bool = False) -> torch.Tensor:
-        """fast_accum reaches the cuBLASLt GEMMs of the unfused and chunked paths; torch's symmetric-memory op
-        takes no such option and accumulates as it does."""
-        group = tp_group_of(reduce)
-        if group is False:
-            return unfused_fp8_row_parallel(a8, sa, w8, sw, reduce, fast_accum=fast_accum)
-        if resolve_method(self.method, a8, group) is FusedMethod.SYMM_MEM:
-            return symm_mem_fp8_matmul_all_reduce(a8, sa, w8, sw, group)
-        return chunked_overlap_fp8_matmul_all_reduce(a8, sa, w8, sw, group, self.chunks, fast_accum=fast_accum)
 
 
 def chunked_overlap_fp8_matmul_all_reduce(a8: torch.Tensor, sa: torch.Tensor, w8: torch.Tensor, sw: torch.Tensor,
@@ -291,51 +200,76 @@ def symm_mem_fp8_matmul_all_reduce(a8: torch.Tensor, sa: torch.Tensor, w8: torch
     return full[:m]
 
 
-def _row_parallel_pairs(model: VideoDiT):
-    for block in model.blocks:
-        yield block.attn, "o"
-        yield block.mlp, "down"
+# ---- the row-parallel steps: step(a, linear, reduce) -> [tokens, d_model] summed over the TP group ---------
 
 
-def set_row_parallel_path(model: VideoDiT, *, fused: bool, method: str | FusedMethod = FusedMethod.AUTO,
-                          chunks: int = 4) -> str:
-    """Install (fused=True) or remove the fused O/down + all-reduce in every block of a TP-sharded model.
+class RowParallelLinear(Protocol):
+    """What a row-parallel step needs of the projection: its product, and that product summed over a group."""
 
-    Returns the path now in effect: "fused_gemm_all_reduce", "gemm_then_all_reduce", or "no_tp" when the
-    model has no all-reduce to fuse (TP = 1, or a `reduce` other than `AllReduce`)."""
-    method = parse_method(method)
-    if fused and method is FusedMethod.IN_SWITCH:
-        raise NotImplementedError(IN_SWITCH_MESSAGE)
-    touched = 0
-    for mod, name in _row_parallel_pairs(model):
-        current = getattr(mod, name)
-        if fused:
-            if isinstance(current, FusedRowParallel):
-                current.method, current.chunks = method, chunks
-                touched += 1
-            elif isinstance(mod.reduce, AllReduce):
-                setattr(mod, name, FusedRowParallel(current, mod.reduce, method=method, chunks=chunks))
-                mod.reduce = Reduce()
-                touched += 1
-        elif isinstance(current, FusedRowParallel):
-            setattr(mod, name, current.linear)
-            mod.reduce = current.unfused_reduce
-            touched += 1
-        elif isinstance(mod.reduce, AllReduce):
-            touched += 1
-    if not touched:
-        return "no_tp"
-    return "fused_gemm_all_reduce" if fused else "gemm_then_all_reduce"
+    def __call__(self, a: Any) -> torch.Tensor: ...
+
+    def matmul_all_reduce(self, a: Any, group: dist.ProcessGroup, method: FusedMethod, chunks: int) -> torch.Tensor: ...
 
 
-def row_parallel_path(model: VideoDiT) -> str:
-    """The path the model runs now (same names as `set_row_parallel_path` returns)."""
-    kinds = set()
-    for mod, name in _row_parallel_pairs(model):
-        if isinstance(getattr(mod, name), FusedRowParallel):
-            kinds.add("fused_gemm_all_reduce")
-        elif isinstance(mod.reduce, AllReduce):
-            kinds.add("gemm_then_all_reduce")
-    if len(kinds) > 1:
-        raise RuntimeError(f"model runs a mix of row-parallel paths: {sorted(kinds)}")
-    return kinds.pop() if kinds else "no_tp"
+class GroupReduce(Protocol):
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def fusable_group(self) -> dist.ProcessGroup | None: ...
+
+
+@dataclass(frozen=True)
+class GemmThenAllReduce:
+    """The unfused step: the GEMM, then the block's reduce (an all-reduce at TP > 1)."""
+
+    def __call__(self, a: Any, linear: RowParallelLinear, reduce: GroupReduce) -> torch.Tensor:
+        return reduce(linear(a))
+
+
+@dataclass(frozen=True)
+class FusedGemmAllReduce:
+    """The GEMM fused with the TP sum (module docstring); the unfused pair where there is no group to sum over."""
+
+    method: FusedMethod = FusedMethod.AUTO
+    chunks: int = 4
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "method", parse_method(self.method))
+        if self.method is FusedMethod.IN_SWITCH:
+            raise NotImplementedError(IN_SWITCH_MESSAGE)
+        if isinstance(self.chunks, bool) or not isinstance(self.chunks, int) or self.chunks < 1:
+            raise ValueError(f"FusedGemmAllReduce.chunks = {self.chunks!r}; expected a positive integer")
+
+    def __call__(self, a: Any, linear: RowParallelLinear, reduce: GroupReduce) -> torch.Tensor:
+        group = reduce.fusable_group()
+        if group is None:
+            return reduce(linear(a))
+        return linear.matmul_all_reduce(a, group, self.method, self.chunks)
+
+
+RowParallelStep = GemmThenAllReduce | FusedGemmAllReduce
+
+
+def float_matmul_all_reduce(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                            group: dist.ProcessGroup, method: FusedMethod, chunks: int) -> torch.Tensor:
+    """sum over the group of x @ weight.T (+ bias once, after the sum): x [..., K_local], weight [N, K_local]."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    if k != weight.shape[1]:
+        raise ValueError(f"fused row-parallel input: expected last dim {weight.shape[1]} (K per rank), got {k}")
+    x2 = x.reshape(-1, k)
+    if resolve_method(method, x2, group) is FusedMethod.SYMM_MEM:
+        y = symm_mem_matmul_all_reduce(x2, weight, group)
+    else:
+        y = chunked_overlap_matmul_all_reduce(x2, weight, group, chunks)
+    if bias is not None:  # each rank's partial has no bias
+        y = y + bias
+    return y.reshape(*lead, y.shape[-1])
+
+
+def fp8_matmul_all_reduce(a8: torch.Tensor, sa: torch.Tensor, w8: torch.Tensor, sw: torch.Tensor,
+                          group: dist.ProcessGroup, method: FusedMethod, chunks: int, *,
+                          fast_accum: bool = False) -> torch.Tensor:
+    """sum over the group of fp8_linear(a8, sa, w8, sw) → bf16 [M, N]. fast_accum reaches the cuBLASLt GEMMs of
+    the chunked path; torch's symmetric-memory op takes no such option and accumulates as it does."""
+    if resolve_method(method, a8, group) is FusedMethod.SYMM_MEM:
+        return symm_mem_fp8_matmul_all_reduce(a8, sa, w8, sw, group)
+    return chunked_overlap_fp8_matmul_all_reduce(a8, sa, w8, sw, group, chunks, fast_accum=fast_accum)

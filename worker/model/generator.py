@@ -18,11 +18,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from vivant.sessions.models import FlagValues
 from vivant.worker.model.audio_features import AudioFeaturizer
 from vivant.worker.model.config import ModelConfig
-from vivant.worker.model.fused_tp import set_row_parallel_path
-from vivant.worker.model.kv_cache import MODES, KVCache, StepState
+from vivant.worker.model.engine import Engine
+from vivant.worker.model.kv_cache import KVCache, StepState
 from vivant.worker.model.model import VideoDiT, init_random_
+from vivant.worker.model.options import CacheMode, EngineOptions, RowParallelPath, parse_choice
 from vivant.worker.model.positions import PositionFrame, RingLayout, chunk_positions, sink_positions
 from vivant.worker.model.weights import load_weights
 
@@ -39,21 +41,25 @@ class ChunkOutput:
 
 
 class ChunkGenerator:
-    def __init__(self, cfg: ModelConfig, *, mode: str = "optimized", device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.float32, seed: int = 0, fp8: bool = True,
-                 weights: str | Path | None = None, model: VideoDiT | None = None, kernel_backend: str = "auto"):
-        if mode not in MODES:
-            raise ValueError(f"mode = {mode!r}; expected one of {MODES}")
-        self.cfg, self.mode, self.fp8 = cfg, mode, fp8
+    """One session's chunk loop on one rank. The passes run on `engine` (worker/model/engine.py); without one, the
+    generator builds `Engine.build(model, options)` from `model` (default: random weights of `cfg`, `seed`, or
+    the checkpoint `weights`), cast to `device` and `dtype`."""
+
+    def __init__(self, cfg: ModelConfig, *, mode: CacheMode | str = CacheMode.OPTIMIZED,
+                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0,
+                 fp8: bool = True, weights: str | Path | None = None, model: VideoDiT | None = None,
+                 options: EngineOptions = EngineOptions(), engine: Engine | None = None,
+                 kernel_backend: str = "auto"):
+        self.cfg, self.mode, self.fp8 = cfg, parse_choice(CacheMode, mode, "mode"), fp8
         self.device, self.dtype = torch.device(device), dtype
         self.kernel_backend = kernel_backend
-        if model is None:
-            model = init_random_(VideoDiT(cfg), seed=seed)
-            if weights is not None:
-                load_weights(model, weights)
-        if isinstance(model, VideoDiT):
-            model = model.to(device=self.device, dtype=dtype).eval()
-        self.model = model  # a VideoDiT, or an engine with the same call signature (worker/model/fast_dit.py)
+        if engine is None:
+            if model is None:
+                model = init_random_(VideoDiT(cfg), seed=seed)
+                if weights is not None:
+                    load_weights(model, weights)
+            engine = Engine.build(model.to(device=self.device, dtype=dtype).eval(), options)
+        self.engine = engine
         self.cache: KVCache | None = None
         self.layout = RingLayout(cfg.sink_tokens, cfg.tokens_per_chunk, cfg.window_chunks)
         self.featurize = AudioFeaturizer(sample_rate=cfg.audio_sample_rate, tokens=max(cfg.audio_tokens, 1),
@@ -61,30 +67,15 @@ class ChunkGenerator:
                                          nominal_samples=cfg.chunk_sample_range(0)[1])
         self.reset_session(seed)
 
-    def apply_flags(self, flags: dict) -> str:
-        """Between chunks only: switch the row-parallel O/down between GEMM + all-reduce and the fused
-        step (`fusedGemmAllReduce`, see worker/model/fused_tp.py). Returns the path now in effect:
-        "fused_gemm_all_reduce", "gemm_then_all_reduce", "no_tp" when there is nothing to fuse (TP = 1),
-        or "unsupported_engine" when the model is an engine without that swap (it keeps running unfused).
-        A VideoDiT swaps its modules; an engine with `set_row_parallel_path` (FastDiT) swaps its FP8 step
-        and drops its captured CUDA graphs, so the next pass captures the new step."""
-        fused = bool(flags.get("fusedGemmAllReduce", False))
-        if isinstance(self.model, VideoDiT):
-            return set_row_parallel_path(self.model, fused=fused)
-        swap = getattr(self.model, "set_row_parallel_path", None)
-        if swap is not None:
-            return swap(fused=fused)
-        hook = getattr(self.model, "apply_flags", None)
-        if hook is not None:
-            return hook(flags)
-        if fused:
-            log.warning("fusedGemmAllReduce requested but %s has no fused path; running unfused",
-                        type(self.model).__name__)
-        return "unsupported_engine"
+    def apply_flags(self, flags: FlagValues) -> RowParallelPath:
+        """Between chunks only (on every TP rank at the same boundary): the `fusedGemmAllReduce` flag swaps the
+        O/down step between GEMM + all-reduce and the fused step (worker/model/fused_tp.py). Returns the path in
+        effect: fused_gemm_all_reduce, gemm_then_all_reduce, or no_tp when there is nothing to fuse (TP = 1)."""
+        return self.engine.set_row_parallel_path(fused=flags.fusedGemmAllReduce)
 
     @property
     def local_heads(self) -> int:
-        return getattr(self.model, "local_heads", None) or self.model.blocks[0].attn.local_heads
+        return self.engine.local_heads
 
     def reset_session(self, seed: int = 0) -> None:
         cfg = self.cfg
@@ -125,7 +116,7 @@ class ChunkGenerator:
         x = self.noise(n)
         sigmas = list(cfg.sigmas) + [0.0]
         for i in range(cfg.passes):
-            v = self.model(x, sigmas[i], feats, self.cache)
+            v = self.engine(x, sigmas[i], feats, self.cache)
             x = x + (sigmas[i + 1] - sigmas[i]) * v.float()
         self.cache.end_chunk()
         if self.device.type == "cuda":

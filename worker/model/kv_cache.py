@@ -13,6 +13,12 @@ Both modes attend the same key set (sink when valid, resident window chunks, the
 with FP8 off they agree to float32 rounding, and with FP8 on they differ only by the re-quantization
 of delta-rotated keys. Shapes per layer: ring K/V `[S, H_local, D]`, scales `[S, H_local]`;
 queries `[N, H_local, D]` with N = tokens per chunk.
+
+Writing the ring: the float parts write through `attend` → `write_chunk` (kernels/cache_write.py, RoPE at
+write); the FP8 parts through `write_qkv`, one fused kernel from the QKV rows to the ring and its read image
+(kernels/qkv_ring.py) — for every chunk, chunk 0's sink tokens included (the same kernel at the sink's slots
+and positions). Both write the same layout. The chunk's rotary angles, slots and valid mask live in `step`,
+buffers allocated once and refilled by `begin_chunk`, so a captured CUDA graph reads them at fixed addresses.
 """
 
 from __future__ import annotations
@@ -25,13 +31,13 @@ import torch.nn.functional as F
 from vivant.kernels.cache_write import write_kv
 from vivant.kernels.delta_rotate import delta_rotate
 from vivant.kernels.fp8 import dequantize_rows, quantize_rows_ref
+from vivant.kernels.qkv_ring import qkv_ring_write
 from vivant.kernels.ring_image import dequant_all, dequant_slots
-from vivant.kernels.rope import apply_rope_ref
+from vivant.kernels.rope import apply_rope_ref, rope_angles
+from vivant.worker.model.options import CacheMode, parse_choice
 from vivant.worker.model.positions import RingLayout
 
 log = logging.getLogger(__name__)
-
-MODES = ("optimized", "baseline")
 
 
 @dataclass
@@ -46,6 +52,23 @@ class StepState:
 
 
 @dataclass
+class StepBuffers:
+    """The chunk's positions in the form the fused ring write and attention read them, on the cache's device,
+    allocated once per cache (fixed addresses for CUDA graphs) and refilled by `KVCache.begin_chunk`.
+    T tokens per chunk, D head_dim, S slots, n_sink sink tokens."""
+
+    cos: torch.Tensor  # float32 [T, D/2]: rotary angles of the chunk's positions
+    sin: torch.Tensor
+    slots: torch.Tensor  # int64 [T]
+    valid: torch.Tensor  # bool [S]
+    sink_cos: torch.Tensor  # float32 [n_sink, D/2]: the sink tokens' angles (chunk 0 only)
+    sink_sin: torch.Tensor
+    sink_slots: torch.Tensor  # int64 [n_sink]
+    all_valid: bool = False  # every slot attendable (host-side: no device read)
+    writes_sink: bool = False  # this chunk also writes the sink (chunk 0)
+
+
+@dataclass
 class _BaselineChunk:
     chunk: int
     k: list[torch.Tensor] = field(default_factory=list)  # per layer [T, H, D] unrotated, full precision
@@ -56,11 +79,10 @@ class KVCache:
     """Per-session cache for all layers of one tensor-parallel rank."""
 
     def __init__(self, *, layers: int, heads: int, head_dim: int, layout: RingLayout,
-                 rope_dims: tuple[int, int, int], rope_theta: float, mode: str = "optimized", fp8: bool = True,
-                 device: str | torch.device = "cpu", store_dtype: torch.dtype = torch.float32,
+                 rope_dims: tuple[int, int, int], rope_theta: float, mode: CacheMode | str = CacheMode.OPTIMIZED,
+                 fp8: bool = True, device: str | torch.device = "cpu", store_dtype: torch.dtype = torch.float32,
                  kernel_backend: str = "auto"):
-        if mode not in MODES:
-            raise ValueError(f"mode = {mode!r}; expected one of {MODES}")
+        mode = parse_choice(CacheMode, mode, "mode")
         self.layers, self.heads, self.head_dim = layers, heads, head_dim
         self.layout, self.mode, self.fp8 = layout, mode, fp8
         self.rope_dims, self.rope_theta = tuple(rope_dims), float(rope_theta)
@@ -69,7 +91,8 @@ class KVCache:
         self.backend = kernel_backend
         self.state: StepState | None = None
         S = layout.slots
-        if mode == "optimized":
+        self.step: StepBuffers | None = None  # optimized mode: allocated at the first begin_chunk
+        if mode is CacheMode.OPTIMIZED:
             cdt = torch.float8_e4m3fn if fp8 else store_dtype
             self.k = torch.zeros(layers, S, heads, head_dim, dtype=cdt, device=self.device)
             self.v = torch.zeros(layers, S, heads, head_dim, dtype=cdt, device=self.device)
@@ -89,7 +112,7 @@ class KVCache:
         """Allocate (once) the ring's read image [L, S, H, D] in `dtype`, filled from the ring as it is now;
         from then on every write, delta rotation and clear refreshes it where the ring changes
         (vivant.kernels.ring_image). Returns (k_image, v_image)."""
-        if self.mode != "optimized":
+        if self.mode is not CacheMode.OPTIMIZED:
             raise ValueError("KVCache: the read image mirrors the ring (mode='optimized'), not the baseline cache")
         if self.k_image is None:
             self.k_image = torch.empty(self.k.shape, dtype=dtype, device=self.device)
@@ -118,7 +141,7 @@ class KVCache:
         """Forget the session (a warm worker reuses the preallocated ring; CUDA graphs keep its addresses)."""
         self.state = None
         self._offset_chunks = 0
-        if self.mode == "optimized":
+        if self.mode is CacheMode.OPTIMIZED:
             for t in (self.k, self.v):
                 t.zero_()
             self.k_scale.fill_(1.0)
@@ -134,13 +157,57 @@ class KVCache:
     # ---- chunk boundaries --------------------------------------------------------------------------
     def begin_chunk(self, state: StepState) -> None:
         self.state = state
-        if self.mode == "baseline":
+        if self.mode is CacheMode.BASELINE:
             self._pending = _BaselineChunk(chunk=state.chunk, k=[None] * self.layers, v=[None] * self.layers)
+        else:
+            self._fill_step(state)
+
+    def _fill_step(self, st: StepState) -> None:
+        n_sink = self.layout.sink
+        if self.step is None:
+            t, half, dev = st.pos.shape[0], self.head_dim // 2, self.device
+            self.step = StepBuffers(
+                cos=torch.empty(t, half, device=dev), sin=torch.empty(t, half, device=dev),
+                slots=torch.empty(t, dtype=torch.int64, device=dev),
+                valid=torch.empty(self.layout.slots, dtype=torch.bool, device=dev),
+                sink_cos=torch.empty(n_sink, half, device=dev), sink_sin=torch.empty(n_sink, half, device=dev),
+                sink_slots=self.layout.sink_slots().to(dev))
+        b = self.step
+        ang = rope_angles(st.pos.to(self.device), self.rope_dims, self.rope_theta)
+        b.cos.copy_(ang.cos())
+        b.sin.copy_(ang.sin())
+        b.slots.copy_(st.slots)
+        b.valid.copy_(st.valid)
+        b.all_valid = bool(st.valid.all())  # the layout's mask is a host tensor
+        b.writes_sink = st.sink_pos is not None
+        if b.writes_sink:
+            sink = rope_angles(st.sink_pos.to(self.device), self.rope_dims, self.rope_theta)
+            b.sink_cos.copy_(sink.cos())
+            b.sink_sin.copy_(sink.sin())
+
+    def write_qkv(self, layer: int, qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                  eps: float) -> torch.Tensor:
+        """The FP8 parts' ring write: the chunk's QKV rows [T, 3·H·D] → q/k RMSNorm, RoPE of q and k at the
+        chunk's positions, k and v into the ring at the chunk's slots (FP8, and the read image when enabled);
+        while chunk 0 runs, the same kernel writes its first tokens into the sink at the sink's positions.
+        Returns q_rot [T, H, D] in qkv's dtype. Needs begin_chunk (optimized mode)."""
+        b = self.step
+        if self.state is None or b is None:
+            raise RuntimeError("KVCache.write_qkv called outside begin_chunk/end_chunk (optimized mode)")
+        img = (self.k_image[layer], self.v_image[layer]) if self.k_image is not None else (None, None)
+        ring = (self.k[layer], self.v[layer], self.k_scale[layer], self.v_scale[layer])
+        q_rot = qkv_ring_write(qkv, q_weight, k_weight, b.cos, b.sin, b.slots, *ring, self.heads, eps=eps,
+                               k_image=img[0], v_image=img[1], backend=self.backend)
+        if b.writes_sink:
+            n = b.sink_slots.shape[0]
+            qkv_ring_write(qkv[:n], q_weight, k_weight, b.sink_cos, b.sink_sin, b.sink_slots, *ring, self.heads,
+                           eps=eps, k_image=img[0], v_image=img[1], backend=self.backend)
+        return q_rot
 
     def end_chunk(self) -> None:
         """After the last pass: the baseline commits the chunk's raw K/V (the ring already holds them)."""
         st = self.state
-        if self.mode == "baseline" and st is not None:
+        if self.mode is CacheMode.BASELINE and st is not None:
             self._chunks.append(self._pending)
             # the next chunk (st.chunk + 1) sees chunks ≥ st.chunk + 2 − W besides itself
             self._chunks = [c for c in self._chunks if c.chunk >= st.chunk + 2 - self.layout.window_chunks]
@@ -149,7 +216,7 @@ class KVCache:
     def shift_positions(self, delta: int, resident_slots: torch.Tensor) -> None:
         """Position reset by Δ: rotate cached window keys by −Δ once (ring); the baseline just re-derives."""
         self._offset_chunks += delta
-        if self.mode == "optimized" and resident_slots.numel():
+        if self.mode is CacheMode.OPTIMIZED and resident_slots.numel():
             slots = resident_slots.to(self.device)
             for layer in range(self.layers):
                 delta_rotate(self.k[layer], self.k_scale[layer], slots, -delta,
@@ -163,7 +230,7 @@ class KVCache:
         if st is None:
             raise RuntimeError("KVCache.attend called outside begin_chunk/end_chunk")
         q_rot = apply_rope_ref(q, st.pos, self.rope_dims, self.rope_theta).to(q.dtype)
-        if self.mode == "optimized":
+        if self.mode is CacheMode.OPTIMIZED:
             keys, values, mask = self._ring_read(layer, k, v, st)
         else:
             keys, values, mask = self._baseline_read(layer, k, v, st)
@@ -180,7 +247,7 @@ class KVCache:
                     sink_pos: torch.Tensor | None = None, sink_slots: torch.Tensor | None = None) -> None:
         """Write a chunk's K (normalized, not rotated) and V [N, H, D] into the ring at `slots` (RoPE at `pos`,
         FP8), plus, while chunk 0 runs, its first tokens into the sink slots at `sink_pos`; the read image, when
-        enabled, follows. The GPU engine's graph-captured passes use the fused kernels/qkv_ring.py instead."""
+        enabled, follows. The float parts' ring write; the FP8 parts write through `write_qkv`."""
         write_kv(k, v, pos, slots, self.k[layer], self.v[layer], self.k_scale[layer], self.v_scale[layer],
                  rope_dims=self.rope_dims, theta=self.rope_theta, backend=self.backend)
         self.refresh_image(layer, slots)

@@ -9,21 +9,36 @@ Everything else (embeddings, modulation, norms, output head) is replicated. The 
 only its heads, so a rank's cache is 1/W of the whole. For the 57b preset at W = 4: 16 heads,
 QKV N = 6144, O K = 2048, gate+up N = 13824, down K = 6912.
 
-`AllReduce` wraps torch.distributed (NCCL on GPUs, gloo on CPU). `SimulatedAllReduce` is the single-GPU
-stand-in used by the one-rank benchmark: it performs the same-sized local reduction so the bytes moved are
-counted, and is reported as its own line. A fused GEMM + all-reduce would replace `o`/`down` + reduce as a
-pair; that swap lives with the multi-GPU issue.
+The reduce after a row-parallel projection is one of three modules with one interface: `Reduce` (the
+identity: TP = 1), `AllReduce` (torch.distributed: NCCL on GPUs, gloo on CPU) and `SimulatedAllReduce` (the
+single-GPU stand-in of the one-rank benchmark: the same-sized local reduction, so the bytes moved are counted,
+reported as its own line). `fusable_group()` says whether a fused GEMM + all-reduce has a group to sum over
+(worker/model/fused_tp.py).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from vivant.worker.model.model import VideoDiT
+
+if TYPE_CHECKING:
+    from vivant.worker.model.model import VideoDiT
 
 
-class AllReduce(nn.Module):
+class Reduce(nn.Module):
+    """The all-reduce after a row-parallel projection at TP = 1: the identity."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def fusable_group(self) -> dist.ProcessGroup | None:
+        return None
+
+
+class AllReduce(Reduce):
     def __init__(self, group: dist.ProcessGroup | None = None):
         super().__init__()
         self.group = group
@@ -32,8 +47,13 @@ class AllReduce(nn.Module):
         dist.all_reduce(x, op=dist.ReduceOp.SUM, group=self.group)
         return x
 
+    def fusable_group(self) -> dist.ProcessGroup | None:
+        """The group to sum over, or None when it has one rank (nothing to fuse)."""
+        group = self.group if self.group is not None else dist.group.WORLD
+        return group if dist.get_world_size(group) > 1 else None
 
-class SimulatedAllReduce(nn.Module):
+
+class SimulatedAllReduce(Reduce):
     """One-GPU stand-in for a W-way all-reduce: reads W partial sums and writes one (same bytes as a
     reduce-scatter + all-gather's local work), returning x unchanged in value."""
 

@@ -12,7 +12,7 @@ from vivant.apis.feature_flags import FlagValues
 from vivant.sessions.flags import FlagStore
 from vivant.sessions.models import WorkerInfo
 from vivant.sessions.registry import Registry, redis_client
-from vivant.worker.model.engine import ENGINES
+from vivant.worker.model.options import CacheMode, EngineName
 from vivant.worker.serving.metrics import WorkerMetrics
 from vivant.worker.serving.metrics import serve as serve_metrics
 from vivant.worker.serving.runner import SessionRunner
@@ -48,9 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis", default=env.get("VIVANT_REDIS_URL", "redis://127.0.0.1:6379/0"),
                         help="Redis URL (env VIVANT_REDIS_URL)")
     parser.add_argument("--preset", default=env.get("VIVANT_MODEL_PRESET", "tiny"), help="model preset")
-    parser.add_argument("--mode", default="optimized", choices=["optimized", "baseline"])
+    parser.add_argument("--mode", default="optimized", choices=[m.value for m in CacheMode])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--engine", default=env.get("VIVANT_ENGINE", "auto"), choices=ENGINES,
+    parser.add_argument("--engine", default=env.get("VIVANT_ENGINE", "auto"), choices=[e.value for e in EngineName],
                         help="what runs the denoising passes (env VIVANT_ENGINE): auto = fast on a CUDA device "
                              "with --mode optimized, else model; fast = FastDiT (FP8 GEMMs, fused kernels, "
                              "ring read-image attention, CUDA graphs; needs --mode optimized); model = the "
@@ -75,8 +75,8 @@ def run(args: argparse.Namespace) -> int:
               f"got {args.runner!r}")
         return 2
     engine = getattr(args, "engine", "auto")
-    if engine not in ENGINES:  # nor one taken from VIVANT_ENGINE
-        print(f"vivant worker: engine: expected one of {', '.join(ENGINES)} (--engine or VIVANT_ENGINE), "
+    if engine not in EngineName._value2member_map_:  # nor one taken from VIVANT_ENGINE
+        print(f"vivant worker: engine: expected one of {', '.join(EngineName)} (--engine or VIVANT_ENGINE), "
               f"got {engine!r}")
         return 2
     if engine == "fast" and args.mode != "optimized":

@@ -435,7 +435,7 @@ class LiveKitSessionRunner:
     def apply_flags(self, flags: Any) -> str | None:
         """Returns the kernel path in effect (what the service reports), None when the generator has no hook."""
         hook = getattr(getattr(self.renderer, "generator", None), "apply_flags", None)
-        self.kernel_path = hook(flags.model_dump()) if hook is not None else None
+        self.kernel_path = hook(flags) if hook is not None else None
         return self.kernel_path
 
     @property

@@ -82,8 +82,7 @@ class PipelineRunner:
     def apply_flags(self, flags: FlagValues) -> str | None:
         """Returns the kernel path in effect (what the service reports), None when the generator has no hook."""
         self.flags = flags
-        hook = getattr(self.generator, "apply_flags", None)  # the TP generator swaps its GEMM path here
-        self.kernel_path = hook(flags.model_dump()) if hook is not None else None
+        self.kernel_path = self.generator.apply_flags(flags)
         return self.kernel_path
 
     def step(self) -> ChunkReport:

@@ -48,9 +48,7 @@ class GeneratorRunner:
 
     def apply_flags(self, flags: FlagValues) -> str | None:
         self.flags = flags
-        hook = getattr(self.generator, "apply_flags", None)  # the TP generator swaps its GEMM path here
-        if hook is not None:
-            self.kernel_path = hook(flags.model_dump())
+        self.kernel_path = self.generator.apply_flags(flags)
         return self.kernel_path
 
     def step(self) -> ChunkReport:

@@ -49,6 +49,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from vivant.sessions.models import FlagValues
 from vivant.worker.model.config import ConfigError, ModelConfig
 from vivant.worker.model.generator import ChunkGenerator
 from vivant.worker.model.model import VideoDiT, init_random_
@@ -390,7 +391,7 @@ def run_dit_rank(rank: int, run: TPRunConfig, tp_group: dist.ProcessGroup, pair_
             break
         dist.broadcast(pcm_buf, src=layout.io_rank, group=tp_group)
         pcm = pcm_buf[:samples].cpu().numpy()
-        report.paths.append(gen.apply_flags({"fusedGemmAllReduce": bool(fused)}))  # at the chunk boundary
+        report.paths.append(gen.apply_flags(FlagValues(fusedGemmAllReduce=bool(fused))))  # at the chunk boundary
         t = time.perf_counter()
         out = gen.generate_chunk(pcm, cfg.audio_sample_rate)
         report.chunk_ms.append((time.perf_counter() - t) * 1e3)

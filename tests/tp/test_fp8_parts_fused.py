@@ -1,14 +1,14 @@
-"""The FP8 engine's (worker/model/fast_dit.py) row-parallel step swapped between "FP8 GEMM, then all-reduce"
-and the fused step (worker/model/fused_tp.py `FusedFP8RowParallel`), on CPU with gloo, in spawned processes (one
-per rank) at world sizes 2 and 4. FastDiT runs eagerly (`use_graphs=False`, `attn_backend="torch"`): its
-kernels run their torch reference twins on CPU.
+"""The FP8 parts' (worker/model/fast_parts.py) row-parallel step swapped between "FP8 GEMM, then all-reduce"
+(`GemmThenAllReduce`) and the fused step (`FusedGemmAllReduce` over an `Fp8Linear`, worker/model/fused_tp.py), on
+CPU with gloo, in spawned processes (one per rank) at world sizes 2 and 4. The engine runs eagerly
+(`EngineOptions(fp8=True)`: torch attention, no graphs): its kernels run their torch reference twins on CPU.
 
 Per world size one spawn checks, on every rank:
 * one projection with per-row scales, 51 token rows (not a multiple of 2 or 4): the chunked-overlap step
   (1, 3 and more chunks than rows) and the symmetric-memory step (on CPU torch's reference of
   `symm_mem::fused_scaled_matmul_reduce_scatter`, so the row padding, scatter and gather are exercised;
   the CUDA op itself needs GPUs) against `AllReduce(fp8_linear(...))`;
-* the tiny preset, TP-sharded, one FastDiT over 6 chunks: unfused throughout, fused throughout, the
+* the tiny preset, TP-sharded, one FP8 engine over 6 chunks: unfused throughout, fused throughout, the
   symmetric-memory step throughout, and the flag flipped on at chunk 2 and off at chunk 4 through
   `ChunkGenerator.apply_flags`; the paths `apply_flags` returned; and that a swap drops the engine's
   captured graphs (a marker entry stands in for a CUDA graph, which cannot be captured on CPU) while
@@ -39,21 +39,25 @@ import pytest
 import torch
 from gloo_ranks import run_ranks
 from vivant.kernels.fp8 import quantize_rows_ref
+from vivant.sessions.models import FlagValues
 from vivant.worker.model.config import ModelConfig
-from vivant.worker.model.fast_dit import FastDiT
+from vivant.worker.model.engine import Engine
+from vivant.worker.model.fast_parts import Fp8Linear, Rows8
 from vivant.worker.model.fused_tp import (
-    FusedFP8RowParallel,
+    FusedGemmAllReduce,
+    GemmThenAllReduce,
     chunked_overlap_fp8_matmul_all_reduce,
     symm_mem_fp8_matmul_all_reduce,
-    unfused_fp8_row_parallel,
 )
 from vivant.worker.model.generator import ChunkGenerator
 from vivant.worker.model.model import VideoDiT, init_random_
+from vivant.worker.model.options import EngineOptions, RowParallelPath
 from vivant.worker.model.tp import AllReduce, apply_tensor_parallel
 
 CHUNKS = 6
 SWITCH = {0: False, 2: True, 4: False}  # chunk index → fusedGemmAllReduce from that chunk on
-FUSED, UNFUSED = "fused_gemm_all_reduce", "gemm_then_all_reduce"
+FUSED, UNFUSED, NO_TP = RowParallelPath.FUSED, RowParallelPath.UNFUSED, RowParallelPath.NO_TP
+FP8 = EngineOptions(fp8=True)
 PROJ_TOL, LATENT_TOL, TP1_TOL = 1e-2, 1e-2, 2e-2
 
 
@@ -69,13 +73,13 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def run_session(cfg, engine, schedule: dict[int, bool]) -> tuple[torch.Tensor, list[str]]:
     """6 chunks; before chunk n, `apply_flags` when the schedule names n. Returns latents [6, C, h, w] and
     the path in effect for each chunk (as `apply_flags` returned it, or the engine's current one)."""
-    gen = ChunkGenerator(cfg, mode="optimized", seed=5, model=engine)
+    gen = ChunkGenerator(cfg, mode="optimized", seed=5, engine=engine)
     out, paths = [], []
     for n in range(CHUNKS):
         if n in schedule:
-            paths.append(gen.apply_flags({"fusedGemmAllReduce": schedule[n]}))
+            paths.append(gen.apply_flags(FlagValues(fusedGemmAllReduce=schedule[n])).value)
         else:
-            paths.append(engine.row_parallel_path)
+            paths.append(engine.row_parallel_path.value)
         out.append(gen.generate_chunk(audio(cfg, n), cfg.audio_sample_rate).latents)
     return torch.stack(out), paths
 
@@ -87,13 +91,14 @@ def _projection_errors(rank: int, world: int) -> dict[str, float]:
     k = 64 // world
     a8, sa = quantize_rows_ref(torch.randn(51, k, generator=g))
     w8, sw = quantize_rows_ref(torch.randn(64, k, generator=g))
-    unfused = unfused_fp8_row_parallel(a8, sa, w8, sw, AllReduce())
+    lin, rows = Fp8Linear(w8, sw), Rows8(a8, sa)
+    unfused = GemmThenAllReduce()(rows, lin, AllReduce())
     errs = {}
     for chunks in (1, 3, 64):
         errs[f"overlap{chunks}"] = rel(chunked_overlap_fp8_matmul_all_reduce(a8, sa, w8, sw, None, chunks), unfused)
-    errs["auto_step"] = rel(FusedFP8RowParallel("auto")(a8, sa, w8, sw, AllReduce()), unfused)
+    errs["auto_step"] = rel(FusedGemmAllReduce("auto")(rows, lin, AllReduce()), unfused)
     errs["symm_mem_reference"] = rel(symm_mem_fp8_matmul_all_reduce(a8, sa, w8, sw, None), unfused)
-    errs["symm_mem_step"] = rel(FusedFP8RowParallel("symm_mem")(a8, sa, w8, sw, AllReduce()), unfused)
+    errs["symm_mem_step"] = rel(FusedGemmAllReduce("symm_mem")(rows, lin, AllReduce()), unfused)
     shapes = {tuple(chunked_overlap_fp8_matmul_all_reduce(a8, sa, w8, sw, None, 3).shape),
               tuple(symm_mem_fp8_matmul_all_reduce(a8, sa, w8, sw, None).shape)}
     assert shapes == {(51, 64)}, f"fused outputs have shapes {shapes}; expected (51, 64)"
@@ -103,12 +108,11 @@ def _projection_errors(rank: int, world: int) -> dict[str, float]:
 def _rank_body(rank: int, world: int, out_dir: str) -> None:
     result = _projection_errors(rank, world)
     cfg = ModelConfig.from_name("tiny")
-    engine = FastDiT(apply_tensor_parallel(init_random_(VideoDiT(cfg), seed=11), rank, world),
-                     attn_backend="torch", use_graphs=False)
+    engine = Engine.build(apply_tensor_parallel(init_random_(VideoDiT(cfg), seed=11), rank, world), FP8)
     result["lat_unfused"], result["paths_unfused"] = run_session(cfg, engine, {0: False})
     result["lat_fused"], result["paths_fused"] = run_session(cfg, engine, {0: True})
     result["lat_switched"], result["paths_switched"] = run_session(cfg, engine, SWITCH)
-    result["path_symm"] = engine.set_row_parallel_path(fused=True, method="symm_mem")
+    result["path_symm"] = engine.set_row_parallel_path(fused=True, method="symm_mem").value
     result["lat_symm"], _ = run_session(cfg, engine, {})
 
     # graph bookkeeping: a swap drops what was captured, re-applying the same path keeps it
@@ -124,10 +128,10 @@ def _rank_body(rank: int, world: int, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def tp1_engine_latents():
     cfg = ModelConfig.from_name("tiny")
-    engine = FastDiT(init_random_(VideoDiT(cfg), seed=11), attn_backend="torch", use_graphs=False)
+    engine = Engine.build(init_random_(VideoDiT(cfg), seed=11), FP8)
     lat, paths = run_session(cfg, engine, {0: True})  # the flag on at TP = 1: nothing to fuse
-    assert paths == ["no_tp"] * CHUNKS, f"TP = 1 engine paths: {paths}; expected no_tp throughout"
-    assert engine.row_parallel is unfused_fp8_row_parallel, "TP = 1 engine left the unfused step"
+    assert paths == [NO_TP] * CHUNKS, f"TP = 1 engine paths: {paths}; expected no_tp throughout"
+    assert engine.model.row_parallel_step == GemmThenAllReduce(), "TP = 1 engine left the unfused step"
     return lat
 
 
@@ -188,11 +192,11 @@ def test_ranks_agree_and_equal_the_tp1_engine(world_results, tp1_engine_latents)
 
 def test_fp8_step_refuses_bad_settings_and_multicast(monkeypatch):
     with pytest.raises(ValueError, match=r"fused method = 'nvls'; expected one of \['auto', 'symm_mem'"):
-        FusedFP8RowParallel("nvls")
-    with pytest.raises(ValueError, match="FusedFP8RowParallel.chunks = 0; expected a positive integer"):
-        FusedFP8RowParallel(chunks=0)
+        FusedGemmAllReduce("nvls")
+    with pytest.raises(ValueError, match="FusedGemmAllReduce.chunks = 0; expected a positive integer"):
+        FusedGemmAllReduce(chunks=0)
     with pytest.raises(NotImplementedError, match="in_switch.*not allowed"):
-        FusedFP8RowParallel("in_switch")
+        FusedGemmAllReduce("in_switch")
     monkeypatch.delenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", raising=False)
     a8, sa = quantize_rows_ref(torch.randn(4, 8))
     with pytest.raises(RuntimeError, match="TORCH_SYMM_MEM_DISABLE_MULTICAST = None; expected '1'"):
@@ -201,10 +205,10 @@ def test_fp8_step_refuses_bad_settings_and_multicast(monkeypatch):
 
 def test_engine_swap_refuses_a_bad_method_and_keeps_its_step():
     cfg = ModelConfig.from_name("tiny")
-    engine = FastDiT(init_random_(VideoDiT(cfg), seed=11), attn_backend="torch", use_graphs=False)
+    engine = Engine.build(init_random_(VideoDiT(cfg), seed=11), FP8)
     with pytest.raises(ValueError, match="fused method = 'multicast'"):
         engine.set_row_parallel_path(fused=True, method="multicast")
-    assert engine.row_parallel is unfused_fp8_row_parallel and engine.row_parallel_path == UNFUSED
+    assert engine.model.row_parallel_step == GemmThenAllReduce() and engine.row_parallel_path == NO_TP
 
 
 # ---- the service reports the path apply_flags returned ---------------------------------------------
