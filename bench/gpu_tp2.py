@@ -52,8 +52,8 @@ def _rank(rank: int, world: int, port: int, args, out: str) -> None:
                             device_id=torch.device("cuda", rank))
     res: dict = {"rank": rank, "world": world}
     try:
+        from vivant.apis.feature_flags import FlagValues
         from vivant.bench.gpu_step import build_rank
-        from vivant.sessions.models import FlagValues
         from vivant.worker.model.config import ModelConfig
         from vivant.worker.model.engine import Engine
         from vivant.worker.model.generator import ChunkGenerator

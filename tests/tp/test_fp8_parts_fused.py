@@ -38,8 +38,8 @@ import numpy as np
 import pytest
 import torch
 from gloo_ranks import run_ranks
+from vivant.apis.feature_flags import FlagValues
 from vivant.kernels.fp8 import quantize_rows_ref
-from vivant.sessions.models import FlagValues
 from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.engine import Engine
 from vivant.worker.model.fast_parts import Fp8Linear, Rows8

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from gloo_ranks import run_ranks
-from vivant.sessions.models import FlagValues
+from vivant.apis.feature_flags import FlagValues
 from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.fused_tp import (
     FusedGemmAllReduce,

@@ -11,7 +11,7 @@ import argparse
 
 import numpy as np
 import pytest
-from vivant.sessions.models import FlagValues
+from vivant.apis.feature_flags import FlagValues
 from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.engine import build_generator
 from vivant.worker.model.fast_parts import Fp8Linear

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from vivant.sessions.models import FlagValues
+from vivant.apis.feature_flags import FlagValues
 from vivant.worker.model.audio_features import AudioFeaturizer
 from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.engine import Engine

@@ -13,6 +13,7 @@ from vivant.apis.feature_flags import FlagValues
 from vivant.sessions.models import Assignment
 
 MAX_DURATION_REASON = "max duration reached"  # SessionStats.end_reason when the assignment's max duration passed
+EXIT_FAULT = 3  # the worker's exit status after a WorkerFault (its pod restarts; its ranks are formed again)
 
 
 @dataclass(frozen=True)
@@ -36,15 +37,35 @@ class SessionEnded(Exception):  # noqa: N818 (an outcome, not an error)
         self.reason = reason
 
 
+class SessionInputError(ValueError):
+    """Raised by `SessionRunner.begin`/`step` when the session's input is unusable (e.g. audio with NaN samples).
+    Raised before the runner started any work for the chunk, so the session ends cleanly (`Failed`, reason
+    "bad input: …") and the worker serves the next one."""
+
+
+class SessionFailed(RuntimeError):  # noqa: N818 (an outcome)
+    """Raised by `SessionRunner.step` when the session cannot go on but the worker can (e.g. the decoder rank's
+    sink failed): the session ends as `Failed` with this message as its reason; the worker serves the next one."""
+
+
+class WorkerFault(RuntimeError):
+    """Raised by a runner when the worker itself can no longer serve (a rank died or raised): the service ends the
+    session as `Failed` with this reason, releases the lease and stops; the worker then exits non-zero."""
+
+
 class SessionRunner(Protocol):
-    """The generation side of a worker. `apply_flags` is only ever called between two `step`s.
+    """The generation side of a worker. `apply_flags` is only ever called between two `step`s; `idle` between
+    sessions, at least once per inbox poll (a runner with ranks to keep in step ticks them there).
 
     Optional: a `kernel_path` attribute (`str | None`), the path in effect after `begin` applied the
     session's flags. Optional: an `end_reason` attribute (`str | None`); when it is a non-empty string at a chunk
-    boundary the service ends the session with it. `step` may also raise `SessionEnded(reason)`."""
+    boundary the service ends the session with it. `step` may also raise `SessionEnded(reason)`,
+    `SessionInputError` or `WorkerFault`."""
 
     frames_per_chunk: int
     chunk_seconds: float
+
+    def idle(self) -> None: ...
 
     def begin(self, assignment: Assignment, flags: FlagValues) -> None: ...
 

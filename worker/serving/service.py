@@ -45,12 +45,29 @@ from vivant.sessions.flags import FlagStore, FlagWatcher
 from vivant.sessions.models import Assignment, EndRequest, FlagSet, SessionStats, WorkerInfo
 from vivant.sessions.registry import Registry, RegistryUnavailable
 from vivant.worker.serving.metrics import WorkerMetrics
-from vivant.worker.serving.runner import MAX_DURATION_REASON, SessionEnded, SessionRunner
+from vivant.worker.serving.runner import (
+    EXIT_FAULT,
+    MAX_DURATION_REASON,
+    SessionEnded,
+    SessionFailed,
+    SessionInputError,
+    SessionRunner,
+    WorkerFault,
+)
 
 log = logging.getLogger(__name__)
 # `vivant_worker_kernel_path_info{path=...}` values for the tensor-parallel GEMM + all-reduce
 FUSED_PATH, UNFUSED_PATH = "fused_gemm_all_reduce", "gemm_then_all_reduce"
 T = TypeVar("T")
+
+
+def failure_reason(exc: Exception) -> str:
+    """SessionStats.end_reason for a session that failed with `exc`."""
+    if isinstance(exc, SessionInputError):
+        return f"bad input: {exc}"
+    if isinstance(exc, WorkerFault | SessionFailed):
+        return str(exc)
+    return f"worker error: {exc!r}"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -101,6 +118,8 @@ class WorkerService:
         # connect + retry) and tries again every `redis_retry_s`, so an outage does not slow generation.
         self.redis_retry_s = 0.5
         self._redis_down_until = 0.0
+        self._fatal: str | None = None  # the worker can no longer serve (a rank failed): why
+        self.exit_code = 0  # EXIT_FAULT after a fatal failure
 
     @property
     def worker_id(self) -> str:
@@ -111,6 +130,36 @@ class WorkerService:
         return self.info.pool
 
     # -- lifecycle -------------------------------------------------------------------------------
+    def fail(self, reason: str) -> None:
+        """The worker can no longer serve (e.g. one of its ranks died): end the current session with `reason` at
+        its next boundary (or as soon as its step returns), release the lease, deregister, and stop."""
+        if self._fatal is None:
+            self._fatal = reason
+            self.exit_code = EXIT_FAULT
+            log.error("worker %s: %s; ending the session and stopping", self.worker_id, reason)
+        self.stop.set()
+
+    def abort(self, reason: str) -> None:
+        """`fail`, from another thread, when the chunk loop cannot come back (blocked on a dead rank): report the
+        current session Failed with `reason`, release its lease and deregister, here and now."""
+        self.fail(reason)
+        with self._lease_lock:
+            session = self._current
+        if session is not None:
+            final = SessionStats(session_id=session, worker_id=self.worker_id, phase="Failed", end_reason=reason,
+                                 chunks=self._chunks_in_session)
+            try:
+                with self._lease_lock:
+                    self.registry.report_session(session, final)
+                    self.registry.finish(self.pool, self.worker_id, session, reason)
+                    self._current = None
+            except RegistryUnavailable:
+                log.error("worker %s: could not release session %s (redis unavailable)", self.worker_id, session)
+        try:
+            self.registry.deregister(self.worker_id, self.pool, reason=reason)
+        except RegistryUnavailable:
+            log.warning("worker %s: could not deregister (redis unavailable); the reaper will", self.worker_id)
+
     def run(self) -> None:
         """Register (loading), start heartbeats, load the model, become warm, recover unacknowledged
         work, serve until stopped, deregister."""
@@ -131,7 +180,7 @@ class WorkerService:
             self.stop.set()
             self._hb_thread.join(timeout=5)
             try:
-                self.registry.deregister(self.worker_id, self.pool, reason="worker shut down")
+                self.registry.deregister(self.worker_id, self.pool, reason=self._fatal or "worker shut down")
             except RegistryUnavailable:
                 log.warning("worker %s: could not deregister (redis unavailable); the reaper will", self.worker_id)
 
@@ -187,6 +236,11 @@ class WorkerService:
     def serve(self) -> None:
         backoff = 0.2
         while not self.stop.is_set():
+            try:
+                self.runner.idle()
+            except WorkerFault as exc:
+                self.fail(str(exc))
+                return
             try:
                 msg = self.registry.next_message(self.worker_id, self.poll_s)
                 backoff = 0.2
@@ -247,7 +301,9 @@ class WorkerService:
         except Exception as exc:  # noqa: BLE001 (a session that cannot start fails alone, not the worker)
             log.exception("worker %s: session %s could not start", self.worker_id, a.session_id)
             self._ack(a)
-            failed = stats.model_copy(update={"phase": "Failed", "end_reason": f"worker error: {exc!r}"})
+            if isinstance(exc, WorkerFault):
+                self.fail(str(exc))
+            failed = stats.model_copy(update={"phase": "Failed", "end_reason": failure_reason(exc)})
             self._finish(a, failed, failed.end_reason or "")
             return failed
         self._ack(a)  # the session has started: the assignment is no longer at risk
@@ -266,9 +322,9 @@ class WorkerService:
             elapsed = time.monotonic() - t0
             reason = self._stop_reason(a, elapsed)
             if reason:
-                if self._lease_lost or self.stop.is_set():
-                    # lease lost: the operator has already marked it Failed and reclaimed the slot;
-                    # shutting down (pod deleted, node drained): the session is cut short, not done
+                if self._lease_lost or self._fatal or self.stop.is_set():
+                    # lease lost: the operator has already marked it Failed and reclaimed the slot; a worker
+                    # fault (a rank died) or shutting down (pod deleted, node drained): cut short, not done
                     phase = "Failed"
                 break
             changed = self._in_loop(lambda v=version: self.watcher.changed_since(v), None)  # down: keep flags
@@ -289,7 +345,9 @@ class WorkerService:
             except Exception as exc:  # noqa: BLE001
                 log.exception("worker %s: session %s failed in chunk %d", self.worker_id, a.session_id,
                               len(compute_ms))
-                phase, reason = "Failed", f"worker error: {exc!r}"
+                if isinstance(exc, WorkerFault):
+                    self.fail(str(exc))
+                phase, reason = "Failed", failure_reason(exc)
                 break
             self.chunk_log.append(ChunkRecord(a.session_id, report.index, version, flags))
             compute_ms.append(report.compute_ms)
@@ -350,6 +408,8 @@ class WorkerService:
             self.metrics.kernel_info(path, version)
 
     def _stop_reason(self, a: Assignment, elapsed: float) -> str:
+        if self._fatal:
+            return self._fatal
         if self.stop.is_set():
             return "worker shutting down"
         if self._lease_lost:

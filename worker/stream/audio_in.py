@@ -22,6 +22,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -218,3 +219,24 @@ class AudioInput:
             frames = resampler.resample(frame)
         parts = [f.to_ndarray().reshape(-1) for f in frames]
         return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
+
+
+def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
+    """Any audio file PyAV reads → (float32 mono samples, sample rate); a ValueError names the file when it cannot
+    be read or holds no samples."""
+    import av
+
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.audio:
+                raise ValueError(f"audio file {str(path)!r}: no audio stream")
+            stream = container.streams.audio[0]
+            rate = stream.rate
+            resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+            parts = [f.to_ndarray().reshape(-1) for frame in container.decode(stream) for f in resampler.resample(frame)]
+            parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
+    except av.error.FFmpegError as exc:
+        raise ValueError(f"audio file {str(path)!r}: not readable ({exc})") from exc
+    if not parts:
+        raise ValueError(f"audio file {str(path)!r}: holds no audio samples")
+    return np.concatenate(parts).astype(np.float32), int(rate)

@@ -27,7 +27,7 @@ import numpy as np
 from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.generator import ChunkGenerator
 from vivant.worker.model.ref_model import ref_paths, ref_weights_present
-from vivant.worker.stream.audio_in import AudioInput
+from vivant.worker.stream.audio_in import AudioInput, read_audio
 from vivant.worker.stream.pacer import PacerConfig
 from vivant.worker.stream.pipeline import StreamPipeline
 from vivant.worker.stream.sinks import Mp4Sink
@@ -63,21 +63,6 @@ def speak_to_wav(text: str, path: Path) -> Path:
     if proc.returncode != 0 or not path.exists():
         raise SystemExit(f"vivant demo: espeak-ng failed (exit {proc.returncode}): {proc.stderr.strip()}")
     return path
-
-
-def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
-    """Any audio file PyAV reads → (float32 mono samples, sample rate)."""
-    import av
-
-    with av.open(str(path)) as container:
-        stream = container.streams.audio[0]
-        rate = stream.rate
-        resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
-        parts = [f.to_ndarray().reshape(-1) for frame in container.decode(stream) for f in resampler.resample(frame)]
-        parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
-    if not parts:
-        raise SystemExit(f"vivant demo: {path} holds no audio samples")
-    return np.concatenate(parts).astype(np.float32), int(rate)
 
 
 def demo_script(speech: np.ndarray, rate: int, chunks: int, chunk_s: float):
