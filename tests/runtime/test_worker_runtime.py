@@ -278,3 +278,31 @@ def test_bad_layouts_are_refused_before_anything_is_spawned(redis_url, capsys, a
     assert code == 2, f"{args}: expected exit status 2, got {code}: {out}"
     assert message in out, f"{args}: {out!r} does not name the problem ({message!r})"
     assert Registry(redis_url).workers(POOL) == {}, f"{args}: a refused worker registered"
+
+
+@pytest.mark.slow
+def test_livekit_runner_that_cannot_reach_its_room_fails_the_session_and_stays_idle(redis_url, tmp_path):
+    """`--runner livekit`: the decoder rank joins the assignment's room for real; with no LiveKit server listening
+    the join is refused, the session is reported Failed with the decoder rank's connect error (never the token),
+    every rank ends it, and the worker is idle again for the next session."""
+    w = WorkerProcess(redis_url, tmp_path, "--rank-timeout", RANK_TIMEOUT, "--runner", "livekit",
+                      worker_id="worker-lk", tp=1)
+    try:
+        w.wait_idle()
+        from worker_proc import assignment
+
+        a = assignment("ns/lk")
+        a = a.model_copy(update={"livekit_url": f"ws://127.0.0.1:{free_port()}"})
+        assert w.registry.claim_idle_worker(POOL, "ns/lk") == "worker-lk"
+        w.registry.send_assignment("worker-lk", a)
+        final = w.ended("ns/lk", timeout=90)
+        assert final.phase == "Failed" and final.end_reason.startswith("rank 1 (decoder, cpu): "), final
+        assert "tok-secret" not in final.model_dump_json(), "the token leaked into the session's stats"
+        w.assert_released("ns/lk")
+        assert w.idle_again() == ["worker-lk"], "the worker should serve the next session"
+        ends = [w.trace("ns/lk", r)[-1] for r in range(2)]
+        assert all(e["event"] == "end" for e in ends) and ends[1]["error"], ends
+    finally:
+        code = w.stop()
+    assert code == 0, w.log()[-3000:]
+    assert "tok-secret" not in w.log(), "the LiveKit token appeared in the worker's log"

@@ -23,16 +23,13 @@ matrix): a few bf16 ulps (2^-8 ≈ 3.9e-3). Measured at world 4: ≈ 3e-3 relati
 quantization itself (each rank's O/down weight shard and activation rows get their own scales), so that
 comparison uses the FP8-vs-float bound of tests/core/test_fast_dit_cpu.py (2e-2).
 
-The last test drives the real `WorkerService` (a real redis-server from conftest) with the real tiny
-`GeneratorRunner` and checks the kernel-path metric reports what `apply_flags` returned ("no_tp" at TP = 1),
-not the flag that asked for the fused path.
+That the worker reports the path `apply_flags` returned ("no_tp" at TP = 1), not the flag that asked for the
+fused one, is checked on the real worker in tests/runtime/test_worker_runtime.py.
 """
 
 from __future__ import annotations
 
 import os
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -209,63 +206,3 @@ def test_engine_swap_refuses_a_bad_method_and_keeps_its_step():
     with pytest.raises(ValueError, match="fused method = 'multicast'"):
         engine.set_row_parallel_path(fused=True, method="multicast")
     assert engine.model.row_parallel_step == GemmThenAllReduce() and engine.row_parallel_path == NO_TP
-
-
-# ---- the service reports the path apply_flags returned ---------------------------------------------
-
-
-def _wait_for(what: str, cond, timeout: float = 20.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def test_service_reports_the_path_apply_flags_returned(redis_url):
-    """TP = 1 tiny generator: the fused flag is on, but there is nothing to fuse, so `apply_flags` says
-    "no_tp" and that (not "fused_gemm_all_reduce") is the live kernel path, at flag versions 0 and 1."""
-    from prometheus_client import CollectorRegistry
-    from vivant.sessions.flags import FlagStore
-    from vivant.sessions.models import Assignment, WorkerInfo
-    from vivant.sessions.registry import Registry
-    from vivant.worker.serving.metrics import WorkerMetrics
-    from vivant.worker.serving.runners import GeneratorRunner
-    from vivant.worker.serving.service import WorkerService
-
-    pool, wid = "gpu-k", "worker-k"
-    prom = CollectorRegistry()
-    flags = FlagStore(redis_url)
-    flags.set(pool, {"fusedGemmAllReduce": False}, actor="test")
-    runner = GeneratorRunner("tiny")
-    service = WorkerService(Registry(redis_url), FlagStore(redis_url), WorkerInfo(worker_id=wid, pool=pool), runner,
-                            poll_s=0.1, stats_interval_s=0.05, metrics=WorkerMetrics(pool=pool, registry=prom))
-    operator = Registry(redis_url)
-    thread = threading.Thread(target=service.run, daemon=True)
-    thread.start()
-    try:
-        _wait_for("worker idle", lambda: operator.idle_workers(pool) == [wid])
-        a = Assignment(session_id="ns/k1", namespace="ns", pool=pool, character="ada", room="room-1",
-                       livekit_url="wss://lk.example", agent_identity="agent-1", token="tok", max_duration_s=60)
-        assert operator.claim_idle_worker(pool, a.session_id) == wid
-        operator.send_assignment(wid, a)
-
-        def info(path: str, version: int):
-            return prom.get_sample_value("vivant_worker_kernel_path_info",
-                                         {"pool": pool, "path": path, "flag_version": str(version)})
-
-        version = flags.get(pool).version
-        _wait_for(f"kernel path no_tp at flag version {version}", lambda: info("no_tp", version))
-        assert info(UNFUSED, version) is None, "reported the flag's path, not the one apply_flags returned"
-        flags.set(pool, {"fusedGemmAllReduce": True}, actor="test")
-        _wait_for("kernel path no_tp after the fused flag", lambda: info("no_tp", version + 1))
-        assert info(FUSED, version + 1) is None, "reported fused although apply_flags said no_tp"
-        assert runner.kernel_path == "no_tp" and runner.flags.fusedGemmAllReduce
-        operator.send_end(wid, a.session_id, "done")
-        _wait_for("idle again", lambda: operator.idle_workers(pool) == [wid])
-    finally:
-        service.stop.set()
-        thread.join(timeout=15)
-    assert not thread.is_alive(), "worker did not stop"

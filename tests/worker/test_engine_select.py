@@ -17,8 +17,7 @@ from vivant.worker.model.engine import build_generator
 from vivant.worker.model.fast_parts import Fp8Linear
 from vivant.worker.model.model import Linear, VideoDiT
 from vivant.worker.model.options import AttentionBackend, EngineName, EngineOptions, RowParallelPath
-from vivant.worker.serving.cli import add_arguments
-from vivant.worker.serving.runners import GeneratorRunner
+from vivant.worker.serving.cli import add_arguments, rank_spec
 
 CFG = ModelConfig.from_name("tiny")
 CHUNKS = 4
@@ -62,8 +61,8 @@ def test_served_options_on_cuda_are_the_measured_configuration():
 
 
 def test_fast_engine_tracks_the_model_engine_with_the_same_seed():
-    fast = GeneratorRunner("tiny", device="cpu", seed=5, engine="fast").generator
-    ref = GeneratorRunner("tiny", device="cpu", seed=5, engine="model").generator
+    fast = build_generator(CFG, device="cpu", seed=5, engine="fast")
+    ref = build_generator(CFG, device="cpu", seed=5, engine="model")
     assert fast.engine.options.fp8 and not ref.engine.options.fp8, \
         f"runner engines: {fast.engine.options}, {ref.engine.options}"
     got, want = _latents(fast), _latents(ref)
@@ -135,5 +134,7 @@ def test_cli_engine_flag_and_environment_default(monkeypatch):
     monkeypatch.setenv("VIVANT_ENGINE", "model")
     assert _parse([]).engine == "model", "VIVANT_ENGINE=model was not the default"
     assert _parse(["--engine", "fast"]).engine == "fast", "--engine should override VIVANT_ENGINE"
-    with pytest.raises(SystemExit):
-        _parse(["--engine", "turbo"])
+    assert rank_spec(_parse(["--engine", "fast"])).engine is EngineName.FAST
+    monkeypatch.setenv("VIVANT_ENGINE", "turbo")
+    with pytest.raises(ValueError, match=r"engine: expected one of auto, fast, model \(--engine or VIVANT_ENGINE\)"):
+        rank_spec(_parse([]))
