@@ -84,6 +84,14 @@ since nothing installs on the GPU machine, then runs the smoke check `bench/gpu_
 `pytest -m gpu tests/kernels tests/stream/test_decode_gpu.py` (all 50 passed on the final kernels, lease D's call) and the
 commands below).
 
+**Since these runs** the engine's classes changed, not its kernels: the GPU path is now the FP8 parts of the one
+`VideoDiT` forward (`worker/model/fast_parts.py`, `Engine`, `EngineOptions`; it was the separate class `FastDiT`),
+chunk 0's sink goes through the same fused QKV → ring kernel as every later chunk, and the worker serves through
+its own ranks (`worker/serving/`, docs/multi_gpu.md). No GPU was lent since, so every figure on this page was
+measured on the previous engine; the same commands re-measure them on this one
+(`STEPS=smoke,tests,tp4,tp1 STEP_ARGS=--fast-accum bash bench/run_gpu.sh $OUT`), and `STEPS=session` runs a 60 s
+session through the served runtime (`bench/gpu_session.py`). No figure here is of those runs until they are made.
+
 ## DiT chunk step, 57b, one tensor-parallel rank (TP = 4, rank 0) on one H200 — final engine
 
 ```
@@ -316,7 +324,8 @@ it is overlapped with compute — which is what the fused path exists for, and w
 Not understood yet: the unfused chunk
 time itself (≈ {t2a['unfused_ms']/ (tp2['layers']*4):.2f} ms per layer-pass against ≈ 1.1 ms expected from the one-GPU component timings at twice the
 TP = 4 widths) — to be profiled on the next multi-GPU lease. The 1 DiT + 1 decoder layout over NCCL
-(`STEPS=layout`) did not finish inside the call's time limit and has no result.
+(`STEPS=layout`, the separate layout program the served runtime replaced) did not finish inside the call's time
+limit and has no result.
 
 ## CPU (correctness harness, not a performance claim)
 

@@ -11,7 +11,8 @@ Per session, by `RunnerKind`:
              avatar's AvatarRunner publishes through its AVSynchronizer at real time; the agent's speech, interrupts
              and end reasons go to rank 0 on the status queue), held to `lead_chunks` chunks ahead of publication.
 
-With `--out`, every kind also keeps the latents it received. A failure inside a session (a sink that cannot
+With `--out`, every kind also keeps the latents it received, and the pipeline keeps its playout report
+(`<out>/<session>/playout.json`: delivered fps, stalls, per-stage p50/p99 ms). A failure inside a session (a sink that cannot
 write, a decoder error) does not stop the rank: it is reported at once on the status queue (rank 0 then ends the
 session with it as the reason), the session's remaining chunks are received and dropped, and END is answered
 with the error in the acknowledgement. A failure of the link itself ends the process (rank 0's supervisor ends
@@ -20,6 +21,7 @@ the session).
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -141,6 +143,8 @@ class DecoderRank:
                 self.playout.finish()
                 report = self.playout.report(self.chunks, self.playout.production_seconds(), [])
                 log.info("session %s played out: %s", self.session_id, report.format_text())
+                if self.folder is not None:
+                    (self.folder / "playout.json").write_text(json.dumps(report.to_dict(), indent=1))
             except Exception as exc:  # noqa: BLE001
                 self._fail(exc, report=False)
         if self.room is not None:

@@ -1,32 +1,31 @@
-"""`vivant worker`: a warm worker process — register, load the model, wait for sessions, stream them.
+"""The worker's session service (rank 0 of `vivant worker`): register, load, wait for sessions, stream them.
 
 Why a long-lived warm process: loading weights and capturing graphs takes minutes, a session must
-start streaming within seconds. So the worker loads once, registers in the Redis registry as warm,
-and then serves sessions one at a time from its inbox (`vivant.sessions.registry`).
+start streaming within seconds. So the worker loads once (forms its ranks: vivant.worker.serving.runtime),
+registers in the Redis registry as warm, and then serves sessions one at a time from its inbox
+(`vivant.sessions.registry`).
 
 Per session the loop is, chunk by chunk (one chunk = `frames_per_chunk` frames, 1/6 s at 24 fps):
   1. stop? (EndRequest in the inbox for this session, the runner's own `end_reason` (e.g. the agent left
-     the LiveKit room), max duration reached, lease lost, shutdown)
+     the LiveKit room), max duration reached, lease lost, a worker fault, shutdown)
   2. flags changed? (one GET of the pool's flag version) -> apply them to the runner, BETWEEN chunks
   3. run one chunk; record which flag version it ran under
   4. every `stats_interval_s`: report SessionStats (phase, fps, stalls, chunk p99 ms, streamed s)
-A heartbeat thread keeps the lease alive. When Redis is unreachable the session keeps streaming
-(every registry call is allowed to fail); when Redis comes back the heartbeat finds the worker unknown
-and re-registers it together with the session it is streaming, so nothing assigned is lost.
+Between sessions the runner is ticked (`idle`) once per inbox poll. A heartbeat thread keeps the lease alive.
+When Redis is unreachable the session keeps streaming (every registry call is allowed to fail); when Redis
+comes back the heartbeat finds the worker unknown and re-registers it together with the session it is
+streaming, so nothing assigned is lost.
 
-The model sits behind `SessionRunner` (begin / apply_flags / step / end). A runner that learns on its
-own side that the session is over (the agent left the room, an END_CALL message) says so with an
-`end_reason` attribute (checked at every chunk boundary) or by raising `SessionEnded` from `step`;
-either way the session ends as `Ended` with that reason in `SessionStats.end_reason`, the runner's
-`end` runs and the worker releases its lease (idle again). The kernel-path metric
-(`vivant_worker_kernel_path_info`) reports the row-parallel path the runner says is in effect (what
-`apply_flags` returned, e.g. "no_tp" at TP = 1 or "unsupported_engine"), not the flag that asked for it;
-only a runner that cannot tell (returns None) is reported by the requested flag. `vivant worker --runner` picks the runner:
-`generator` (`GeneratorRunner`: the chunk generator fed with silence, latents to a null or file sink),
-`pipeline` (`vivant.worker.serving.pipeline_runner.PipelineRunner`: the full stream pipeline, decoder and
-pacer, frames to a null or MP4 sink) or `livekit` (`vivant.worker.serving.livekit_avatar.LiveKitSessionRunner`:
-joins the assignment's room with its URL and token; needs a reachable LiveKit server, which this
-project's CI does not have). Tests pass small runners of their own.
+The model sits behind `SessionRunner` (vivant.worker.serving.runner). How a session ends, by what the runner
+does: an `end_reason` (checked at every chunk boundary) or `SessionEnded` from `step` → `Ended` with that
+reason; `SessionInputError` → `Failed`, "bad input: …"; `SessionFailed` → `Failed` with its message; any
+other exception → `Failed`, "worker error: …"; `WorkerFault` (a rank died) → `Failed` with its reason, and
+the service stops (`exit_code` 3). Each time the runner's `end` runs and the lease is released. `fail(reason)`
+does the same from another thread (the rank supervisor's watchdog), and `abort(reason)` releases the session
+from that thread when the chunk loop cannot come back. The kernel-path metric (`vivant_worker_kernel_path_info`)
+reports the row-parallel path the runner says is in effect (what `apply_flags` returned, e.g. "no_tp" at
+TP = 1), not the flag that asked for it; only a runner that cannot tell (returns None) is reported by the
+requested flag. Tests pass small runners of their own.
 """
 
 from __future__ import annotations

@@ -9,9 +9,8 @@ decoding them (tens of ms at 704x1088) happens elsewhere. Hand-over, by deployme
   latents to the decoder GPU on a side stream of the source GPU (ordered after the generator's stream
   by an event, the source tensor's memory held with `record_stream`); the decoder thread waits on that
   event on its own stream, so the generator's stream never waits for the decoder.
-* separate processes with a decoder rank (torch.distributed, NCCL): `NcclLatentLink.send` on the last
-  DiT rank and `recv` on the decoder rank move (index, latents) point to point; the decoder process
-  then runs a `DecoderStage` with the received tensors.
+* separate processes with a decoder rank (`vivant worker`): DiT rank 0 sends the latents point to point
+  (vivant.worker.serving.wire) and the decoder rank runs a `DecoderStage` on what it received.
 
 The queue is bounded: when the decoder falls behind (or the pacer's buffer is full because everything
 is ahead of real time), `submit` waits and reports how long; nothing is dropped. Errors raised in the
@@ -180,33 +179,3 @@ class DecoderStage:
         times["decode_start"] = t_start
         times["decoded"] = self.now()
         self.on_decoded(DecodedChunk(chunk.index, host.numpy(), chunk.audio, times))
-
-
-class NcclLatentLink:
-    """Point-to-point hand-over of (chunk index, latents) between processes of one NCCL group.
-
-    The sender is the DiT rank that holds the final latents; the receiver is the decoder rank. The
-    receiver preallocates its buffer once (static shape [C, h, w]). Needs `torch.distributed`
-    initialised with the NCCL backend and each rank's CUDA device set; not exercised on CPU CI."""
-
-    def __init__(self, shape: tuple[int, int, int], peer: int, device: torch.device,
-                 dtype: torch.dtype = torch.float32) -> None:
-        self.shape, self.peer, self.device, self.dtype = tuple(shape), peer, device, dtype
-        self._header = torch.zeros(1, dtype=torch.int64, device=device)
-        self._buffer = torch.empty(self.shape, dtype=dtype, device=device)
-
-    def send(self, index: int, latents: torch.Tensor) -> None:
-        import torch.distributed as dist
-
-        if tuple(latents.shape) != self.shape:
-            raise ValueError(f"latents: expected shape {list(self.shape)}, got {list(latents.shape)}")
-        self._header.fill_(index)
-        dist.send(self._header, dst=self.peer)
-        dist.send(latents.to(self.dtype).contiguous(), dst=self.peer)
-
-    def recv(self) -> tuple[int, torch.Tensor]:
-        import torch.distributed as dist
-
-        dist.recv(self._header, src=self.peer)
-        dist.recv(self._buffer, src=self.peer)
-        return int(self._header.item()), self._buffer.clone()
