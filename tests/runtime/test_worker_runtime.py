@@ -19,9 +19,8 @@ import urllib.request
 import av
 import numpy as np
 import pytest
-from conftest import free_port
 from vivant.sessions.flags import FlagStore
-from worker_proc import POOL, WorkerProcess, wait_for
+from worker_proc import POOL, WorkerProcess, assignment, free_port, wait_for
 
 FUSED, UNFUSED, NO_TP = "fused_gemm_all_reduce", "gemm_then_all_reduce", "no_tp"
 FLIP_AT = 3  # the fused flag is set once the session reported this many chunks
@@ -262,7 +261,7 @@ def test_bad_audio_on_rank0_ends_the_session_cleanly_on_every_rank(redis_url, tm
     (["--tensor-parallel", "0"], "tensor_parallel = 0; expected a positive integer"),
     (["--tensor-parallel", "two"], "tensor-parallel: expected a positive integer"),
     (["--decoder-device", "gpu7"], "decoder-device: expected one of own, shared"),
-    (["--device", "tpu"], "device: expected cpu or cuda"),
+    (["--device", "tpu"], "device: expected cpu, cuda or auto"),
     (["--runner", "webrtc"], "runner: expected one of generator, pipeline, livekit"),
     (["--engine", "turbo"], "engine: expected one of auto, fast, model"),
     (["--mode", "ring"], "mode: expected one of optimized, baseline"),
@@ -289,10 +288,7 @@ def test_livekit_runner_that_cannot_reach_its_room_fails_the_session_and_stays_i
                       worker_id="worker-lk", tp=1)
     try:
         w.wait_idle()
-        from worker_proc import assignment
-
-        a = assignment("ns/lk")
-        a = a.model_copy(update={"livekit_url": f"ws://127.0.0.1:{free_port()}"})
+        a = assignment("ns/lk", livekit_url=f"ws://127.0.0.1:{free_port()}")
         assert w.registry.claim_idle_worker(POOL, "ns/lk") == "worker-lk"
         w.registry.send_assignment("worker-lk", a)
         final = w.ended("ns/lk", timeout=90)

@@ -1,6 +1,6 @@
 """`vivant worker`: one worker for 1 to N GPUs (or CPU ranks) — parse the command line, form the ranks, serve.
 
-    vivant worker --pool POOL [--tensor-parallel N] [--decoder-device own|shared] [--device cpu|cuda]
+    vivant worker --pool POOL [--tensor-parallel N] [--decoder-device own|shared] [--device auto|cpu|cuda]
                   [--runner generator|pipeline|livekit] [--preset tiny] [--out DIR] ...
 
 The process is rank 0: it registers in Redis (as loading), forms its N + 1 ranks (vivant.worker.serving.runtime:
@@ -66,8 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decoder-device", default=env.get("VIVANT_DECODER_DEVICE", DecoderDevice.OWN.value),
                         help="own = the decoder rank on its own GPU (N + 1 GPUs); shared = beside DiT rank 0 on "
                              "its GPU (N GPUs) (env VIVANT_DECODER_DEVICE)")
-    parser.add_argument("--device", default=env.get("VIVANT_DEVICE", "cpu"),
-                        help="cpu or cuda: every rank on the CPU (gloo), or DiT rank r on cuda:r (NCCL)")
+    parser.add_argument("--device", default=env.get("VIVANT_DEVICE", "auto"),
+                        help="cpu, cuda, or auto (cuda when this host has a GPU): every rank on the CPU (gloo), or "
+                             "DiT rank r on cuda:r (NCCL) (env VIVANT_DEVICE)")
     parser.add_argument("--runner", default=env.get("VIVANT_RUNNER", RunnerKind.GENERATOR.value),
                         help="a session's output (env VIVANT_RUNNER): generator = latents only (kept under --out); "
                              "pipeline = decoder + pacer, an MP4 per session under --out (else nothing kept); "
@@ -132,8 +133,13 @@ def rank_spec(args: argparse.Namespace) -> RankSpec:
                          f"got {args.tensor_parallel!r}") from None
     if engine is EngineName.FAST and mode is not CacheMode.OPTIMIZED:
         raise ValueError(f"engine: 'fast' needs --mode optimized (an FP8 ring cache), got mode {mode.value!r}")
-    if args.device not in ("cpu", "cuda"):
-        raise ValueError(f"device: expected cpu or cuda (each rank picks its own index), got {args.device!r}")
+    device = args.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device: expected cpu, cuda or auto (each rank picks its own index), got {args.device!r}")
     weights = checkpoint_path(args.checkpoint)
     if args.vae_weights and not args.vae_weights.startswith("/"):
         raise ValueError(f"vae-weights: expected an absolute path (a mounted volume), got {args.vae_weights!r}")
@@ -142,7 +148,7 @@ def rank_spec(args: argparse.Namespace) -> RankSpec:
     if args.cpu_threads < 1 or args.rank_timeout <= 0:
         raise ValueError("cpu-threads and rank-timeout: expected positive values, got "
                          f"{args.cpu_threads} and {args.rank_timeout}")
-    layout = RankLayout(tp=tp, device=args.device, decoder_device=decoder)  # ConfigError (a ValueError) on bad tp
+    layout = RankLayout(tp=tp, device=device, decoder_device=decoder)  # ConfigError (a ValueError) on bad tp
     return RankSpec(layout=layout, init_method=f"tcp://127.0.0.1:{_free_port()}", preset=args.preset, mode=mode,
                     engine=engine, runner=runner, weights=str(weights) if weights else None,
                     vae_weights=args.vae_weights, out_dir=args.out, speak=args.speak, timeout_s=args.rank_timeout,

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,6 +26,12 @@ from vivant.sessions.registry import Registry
 POOL = "ns/gpu-pool"
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def wait_for(what: str, cond, timeout: float = 60.0, every: float = 0.05):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -35,10 +42,12 @@ def wait_for(what: str, cond, timeout: float = 60.0, every: float = 0.05):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-def assignment(session_id: str, *, seed: int = 3, max_duration_s: float = 120.0) -> Assignment:
-    return Assignment(session_id=session_id, namespace="ns", pool=POOL, character="ada", room="room-1",
-                      livekit_url="wss://lk.example", agent_identity="agent-1", token="tok-secret", seed=seed,
-                      max_duration_s=max_duration_s)
+def assignment(session_id: str, **over: object) -> Assignment:
+    """What the operator sends a worker (sessions/models.py); `over` replaces fields (validated)."""
+    body: dict = dict(session_id=session_id, namespace="ns", pool=POOL, character="ada", room="room-1",
+                      livekit_url="wss://lk.example", agent_identity="agent-1", token="tok-secret", seed=3,
+                      max_duration_s=120.0)
+    return Assignment(**{**body, **over})
 
 
 class WorkerProcess:
