@@ -3,8 +3,10 @@
 The same held-out speech (sentences and voices never used in training, spoken by espeak-ng, or --wav)
 goes through two paths of the same weights and the same per-chunk noise:
 
-    reference  baseline cache mode, FP8 off (full-precision K/V, per-call whole-cache rotation)
-    optimized  ring cache, FP8 K/V quantized at write, delta rotation at position resets
+    reference  the float parts, baseline cache mode, FP8 off (full-precision K/V, per-call whole-cache rotation)
+    optimized  the engine a worker serves with (`build_generator`, engine auto: the FP8 parts with CUDA graphs on
+               a GPU, the float parts on a CPU) on the ring cache: FP8 K/V quantized at write, delta rotation at
+               position resets
 
 Both latents streams are decoded by the same VAE decoder (separate causal caches). Reported: per-chunk
 relative RMS of the latents ‖opt − ref‖ / ‖ref‖, PSNR/SSIM between the two videos, the lip-sync proxy
@@ -18,6 +20,7 @@ max(--drift-ratio × the first quarter's mean, --drift-floor).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import sys
@@ -26,8 +29,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.engine import build_generator
 from vivant.worker.model.generator import ChunkGenerator
 from vivant.worker.model.model import VideoDiT
+from vivant.worker.model.options import CacheMode, EngineName
 from vivant.worker.model.ref_model import ref_paths
 from vivant.worker.model.weights import load_weights
 from vivant.worker.quality.lipsync import lip_sync, psnr, ssim
@@ -138,8 +143,9 @@ def evaluate(weights: str | None, seconds: float, seed: int, device: str = "cpu"
     audio = audio[: cfg.chunk_sample_range(chunks - 1)[1]]
     model = VideoDiT(cfg)
     load_weights(model, dit_path)
-    ref_gen = ChunkGenerator(cfg, mode="baseline", fp8=False, device=device, model=model, seed=seed)
-    opt_gen = ChunkGenerator(cfg, mode="optimized", fp8=True, device=device, model=model, seed=seed)
+    ref_gen = ChunkGenerator(cfg, mode=CacheMode.BASELINE, fp8=False, device=device, model=model, seed=seed)
+    opt_gen = build_generator(cfg, mode=CacheMode.OPTIMIZED, device=device, seed=seed, engine=EngineName.AUTO,
+                              model=copy.deepcopy(model))  # the served engine installs its parts in place
     lat_ref, vid_ref, resets = run_path(ref_gen, vae, audio, chunks, seed)
     lat_opt, vid_opt, _ = run_path(opt_gen, vae, audio, chunks, seed)
     rel = ((lat_opt - lat_ref).flatten(1).norm(dim=1) / lat_ref.flatten(1).norm(dim=1).clamp_min(1e-12)).tolist()

@@ -43,6 +43,7 @@ from vivant.apis.feature_flags import FlagValues
 from vivant.sessions.flags import FlagStore, FlagWatcher
 from vivant.sessions.models import Assignment, EndRequest, FlagSet, SessionStats, WorkerInfo
 from vivant.sessions.registry import Registry, RegistryUnavailable
+from vivant.worker.model.options import RowParallelPath
 from vivant.worker.serving.metrics import WorkerMetrics
 from vivant.worker.serving.runner import (
     EXIT_FAULT,
@@ -55,8 +56,6 @@ from vivant.worker.serving.runner import (
 )
 
 log = logging.getLogger(__name__)
-# `vivant_worker_kernel_path_info{path=...}` values for the tensor-parallel GEMM + all-reduce
-FUSED_PATH, UNFUSED_PATH = "fused_gemm_all_reduce", "gemm_then_all_reduce"
 T = TypeVar("T")
 
 
@@ -402,7 +401,7 @@ class WorkerService:
     def _kernel_path(self, path: object, flags: FlagValues, version: int) -> None:
         """Report the path the runner said is in effect; the requested one only when it could not tell."""
         if not isinstance(path, str) or not path:
-            path = FUSED_PATH if flags.fusedGemmAllReduce else UNFUSED_PATH
+            path = (RowParallelPath.FUSED if flags.fusedGemmAllReduce else RowParallelPath.UNFUSED).value
         if self.metrics is not None:
             self.metrics.kernel_info(path, version)
 

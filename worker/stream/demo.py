@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.options import CacheMode
 from vivant.worker.model.ref_model import ref_paths, ref_weights_present
 from vivant.worker.stream.audio_in import AudioInput, read_audio
 from vivant.worker.stream.pacer import PacerConfig
@@ -43,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default=None,
                    help="model preset (default: ref, the trained character, when weights/ref holds its weights; else tiny)")
     p.add_argument("--weights", default=None, help="directory of the ref weights (default: weights/ref)")
-    p.add_argument("--mode", default="optimized", choices=["optimized", "baseline"])
+    p.add_argument("--mode", default=CacheMode.OPTIMIZED.value, choices=[m.value for m in CacheMode])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--text", default=DEFAULT_TEXT, help="what the character says (spoken by espeak-ng)")
     p.add_argument("--wav", default=None, help="use this speech file instead of running espeak-ng")
