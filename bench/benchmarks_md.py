@@ -84,6 +84,14 @@ since nothing installs on the GPU machine, then runs the smoke check `bench/gpu_
 `pytest -m gpu tests/kernels tests/stream/test_decode_gpu.py` (all 50 passed on the final kernels, lease D's call) and the
 commands below).
 
+**Since these runs** the engine's classes changed, not its kernels: the GPU path is now the FP8 parts of the one
+`VideoDiT` forward (`worker/model/fast_parts.py`, `Engine`, `EngineOptions`; it was the separate class `FastDiT`),
+chunk 0's sink goes through the same fused QKV → ring kernel as every later chunk, and the worker serves through
+its own ranks (`worker/serving/`, docs/multi_gpu.md). No GPU was lent since, so every figure on this page was
+measured on the previous engine; the same commands re-measure them on this one
+(`STEPS=smoke,tests,tp4,tp1 STEP_ARGS=--fast-accum bash bench/run_gpu.sh $OUT`), and `STEPS=session` runs a 60 s
+session through the served runtime (`bench/gpu_session.py`). No figure here is of those runs until they are made.
+
 ## DiT chunk step, 57b, one tensor-parallel rank (TP = 4, rank 0) on one H200 — final engine
 
 ```
@@ -140,7 +148,7 @@ this check are discussed in the history section).
 |---|---|---|
 | cuBLASLt workspace 0 (`kernels/fp8_gemm.prefer_static_gemm_schedule`) | `tune_…_fifth*.json`: with torch's default workspace every FP8 GEMM was a memset + a dynamic-schedule kernel; with none, the same tiles with a static schedule (`ssched`), no memset: per GEMM inside graphs QKV {lu['gemm_qkv_fast']:.1f} → {lw['gemm_qkv_fast']:.1f} µs, O {lu['gemm_o_fast']:.1f} → {lw['gemm_o_fast']:.1f}, gate+up {lu['gemm_gate_up_fast']:.1f} → {lw['gemm_gate_up_fast']:.1f}, down {lu['gemm_down_fast']:.1f} → {lw['gemm_down_fast']:.1f}. `tune_…_sixth*.json`, one lease, two processes: memsets per chunk {mem6:.0f} → {mem6w:.0f} (the rest are cuDNN's) | chunk {st6['image_fast_accum']['median_ms']:.1f} / {st6['image_fast_accum_again']['median_ms']:.1f} → {st6w['image_fast_accum']['median_ms']:.1f} / {st6w['image_fast_accum_again']['median_ms']:.1f} ms |
 | split-KV attention, 4 parts (`kernels/split_kv.py`) | cuDNN takes the queries as a stride-0 view of q (bit-equal to a copy, {sc8['partial_sdpa_copied_q_p4']:.1f} → {sc8['partial_sdpa_stride0_q_p4']:.1f} µs); one kernel combines the parts and quantizes the O input ({sc8['combine_quant_p4_w8']:.1f} µs at 8 warps, {sc8['combine_quant_p4_w4']:.1f} at 4); whole call {sc8['split_attention_fp8_p4']:.1f} µs against {t5['attention']['us']['image']:.1f} + quant_rows; 2 parts gained nothing | `tune_…_eighth.json`, one process: chunk {st8['image_fast_accum']['median_ms']:.1f} / {st8['image_fast_accum_again']['median_ms']:.1f} ms → {st8['kv_splits_4']['median_ms']:.1f} / {st8['kv_splits_4_again']['median_ms']:.1f} ms (attention {st8['image_fast_accum']['profile']['ms_per_chunk_by_category']['attention']:.1f} → {st8['kv_splits_4']['profile']['ms_per_chunk_by_category']['attention']:.1f} ms, combine +{st8['kv_splits_4']['profile']['ms_per_chunk_by_category']['other'] - st8['image_fast_accum']['profile']['ms_per_chunk_by_category']['other']:.1f} ms); 2 parts: {st8['kv_splits_2']['median_ms']:.1f} ms |
-| programmatic dependent launch of the Triton kernels (`FastDiT.pdl`, `--pdl`), **left off** | per boundary inside graphs: {", ".join(f"{k} {v['saved_us']:+.1f} µs" for k, v in pdl_pairs.items())} (positive = saved); outputs bit-equal | step within noise: `tune_…_sixth*`, `…_seventh`, `…_eighth` (e.g. {st8['kv_splits_4']['median_ms']:.1f} vs {st8['kv_splits_4_pdl_no_gate_up']['median_ms']:.1f} ms) |
+| programmatic dependent launch of the Triton kernels, **not kept** (the engine has no PDL switch now; the kernels keep their `pdl` option for `bench/gpu_probes.py`) | per boundary inside graphs: {", ".join(f"{k} {v['saved_us']:+.1f} µs" for k, v in pdl_pairs.items())} (positive = saved); outputs bit-equal | step within noise: `tune_…_sixth*`, `…_seventh`, `…_eighth` (e.g. {st8['kv_splits_4']['median_ms']:.1f} vs {st8['kv_splits_4_pdl_no_gate_up']['median_ms']:.1f} ms) |
 | a persistent residual + norm + FP8 kernel (gate/shift/scale loaded once per program, pipelined row loop), **dropped** | `tune_…_seventh.json`: 24 settings (programs 132–528, stages 1–3, 8/16 warps), best 18.0 µs against the row kernel's 16.2 µs | not kept |
 
 **Chunk-start host work** (`CUBLASLT_WORKSPACE_SIZE=0 STEPS=tune TUNE_PARTS=timeline bash bench/run_gpu.sh $OUT`: CUDA events
@@ -316,7 +324,8 @@ it is overlapped with compute — which is what the fused path exists for, and w
 Not understood yet: the unfused chunk
 time itself (≈ {t2a['unfused_ms']/ (tp2['layers']*4):.2f} ms per layer-pass against ≈ 1.1 ms expected from the one-GPU component timings at twice the
 TP = 4 widths) — to be profiled on the next multi-GPU lease. The 1 DiT + 1 decoder layout over NCCL
-(`STEPS=layout`) did not finish inside the call's time limit and has no result.
+(`STEPS=layout`, the separate layout program the served runtime replaced) did not finish inside the call's time
+limit and has no result.
 
 ## CPU (correctness harness, not a performance claim)
 

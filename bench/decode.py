@@ -29,10 +29,10 @@ import time
 
 import numpy as np
 import torch
-from vivant.worker.config import ModelConfig
-from vivant.worker.decoder_stage import DecoderStage, LatentChunk
-from vivant.worker.generator import ChunkGenerator
-from vivant.worker.vae import VAEConfig, build_vae_decoder
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.stream.decoder_stage import DecoderStage, LatentChunk
+from vivant.worker.stream.vae import VAEConfig, build_vae_decoder
 
 TARGET_57B_MS = 60.0
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

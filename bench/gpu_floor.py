@@ -17,9 +17,10 @@ import time
 import numpy as np
 import torch
 from vivant.bench.gpu_step import _audio, build_rank
-from vivant.worker.config import ModelConfig
-from vivant.worker.fast_dit import FastDiT
-from vivant.worker.generator import ChunkGenerator
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.engine import Engine
+from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.options import AttentionBackend, CacheMode, EngineOptions
 
 
 def main() -> None:
@@ -27,16 +28,17 @@ def main() -> None:
     p.add_argument("--chunks", type=int, default=40)
     p.add_argument("--out")
     p.add_argument("--init", default="scaled", choices=["unit", "scaled"], help="random init (bench/gpu_step.py)")
-    p.add_argument("--attn-backend", default="image", choices=["triton", "sdpa", "image"])
+    p.add_argument("--attn-backend", default=AttentionBackend.IMAGE.value,
+                   choices=[AttentionBackend.IMAGE.value, AttentionBackend.SDPA.value])
     args = p.parse_args()
     cfg = ModelConfig.from_name("57b", t_limit=40)
-    model, _ = build_rank(cfg, 4, 0, keep_bf16=True, init=args.init)
-    fast = FastDiT(model, attn_backend=args.attn_backend, use_graphs=True)
-    kw = dict(mode="optimized", device="cuda", dtype=torch.bfloat16, seed=7)
-    a = ChunkGenerator(cfg, model=fast, **kw)
+    model = build_rank(cfg, 4, 0, keep_bf16=False, init=args.init)
+    options = EngineOptions(fp8=True, attention=args.attn_backend, kv_splits="auto", fast_accum=True, cuda_graphs=True)
+    fast = Engine.build(model, options, inplace=True)
+    kw = dict(mode=CacheMode.OPTIMIZED, device="cuda", dtype=torch.bfloat16, seed=7)
+    a = ChunkGenerator(cfg, engine=fast, **kw)
     lat_a = [a.generate_chunk(_audio(cfg, n), cfg.audio_sample_rate).latents for n in range(args.chunks)]
-    fast_b = FastDiT(model, attn_backend=args.attn_backend, use_graphs=True)
-    b = ChunkGenerator(cfg, model=fast_b, **kw)
+    b = ChunkGenerator(cfg, engine=Engine(fast.model, options), **kw)
     base_noise = b.noise
 
     def perturbed(chunk: int) -> torch.Tensor:

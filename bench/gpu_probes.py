@@ -20,7 +20,7 @@ from vivant.kernels import fused_quant as fq
 from vivant.kernels.fp8 import quantize_rows_ref
 from vivant.kernels.fp8_gemm import fp8_linear, quantize_weight
 from vivant.kernels.ring_attention import ring_attention
-from vivant.worker.tp import local_shapes
+from vivant.worker.model.tp import local_shapes
 
 DEV = "cuda"
 

@@ -1,18 +1,20 @@
-"""GPU smoke check (run first in bench/run_gpu.sh): the tiny preset on CUDA through FastDiT with CUDA
-graphs vs the baseline mode, 30 chunks with resets; prints per-chunk relative RMS and fails loudly."""
+"""GPU smoke check (run first in bench/run_gpu.sh): the tiny preset on CUDA through the served engine (FP8 parts,
+image attention, CUDA graphs) vs the float parts in the baseline mode, 30 chunks with resets; prints per-chunk
+relative RMS and fails loudly."""
 
 import numpy as np
 import torch
-from vivant.worker.config import ModelConfig
-from vivant.worker.fast_dit import FastDiT
-from vivant.worker.generator import ChunkGenerator
-from vivant.worker.model import VideoDiT, init_random_
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.engine import Engine
+from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.model import VideoDiT, init_random_
+from vivant.worker.model.options import CacheMode, EngineOptions
 
 cfg = ModelConfig.from_name("tiny", d_model=128, n_heads=4, head_dim=32, rope_dims=(12, 10, 10), d_ff=256)
 m = init_random_(VideoDiT(cfg), seed=4).cuda().to(torch.bfloat16)
-fast = FastDiT(m, attn_backend="triton", use_graphs=True)
-g1 = ChunkGenerator(cfg, mode="optimized", device="cuda", dtype=torch.bfloat16, model=fast, seed=2)
-g2 = ChunkGenerator(cfg, mode="baseline", device="cuda", dtype=torch.bfloat16, model=m, seed=2)
+fast = Engine.build(m, EngineOptions.served("cuda"))
+g1 = ChunkGenerator(cfg, mode=CacheMode.OPTIMIZED, device="cuda", dtype=torch.bfloat16, engine=fast, seed=2)
+g2 = ChunkGenerator(cfg, mode=CacheMode.BASELINE, device="cuda", dtype=torch.bfloat16, model=m, seed=2)
 errs = []
 for n in range(30):
     a, b = cfg.chunk_sample_range(n)

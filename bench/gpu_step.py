@@ -8,7 +8,7 @@ the GPU; the all-reduce after O and down is replaced by its one-GPU stand-in and
              with the new tokens, rotate every cached key, quantize the whole K/V set), SDPA attention.
   optimized  FP8 GEMMs (cuBLASLt rowwise), activation quantization fused into norm/modulation and
              SwiGLU, RoPE+FP8+ring write at write time, attention reading the FP8 ring, CUDA graph
-             per pass (worker/fast_dit.py).
+             per pass (the FP8 parts of worker/model/fast_parts.py in the served engine, worker/model/engine.py).
 
 Breakdown: each component is timed alone with CUDA events (median of do_bench) at its exact shapes and
 multiplied by its count per chunk (60 layers × 4 passes); "other" is the measured chunk time minus the
@@ -31,11 +31,13 @@ from vivant.kernels.qk_norm_rope import qk_norm_rope
 from vivant.kernels.qkv_ring import qkv_ring_write
 from vivant.kernels.ring_attention import ring_attention
 from vivant.kernels.split_kv import split_kv_attention_fp8
-from vivant.worker.config import ModelConfig
-from vivant.worker.fast_dit import FastDiT, auto_kv_splits
-from vivant.worker.generator import ChunkGenerator
-from vivant.worker.model import VideoDiT
-from vivant.worker.tp import apply_tensor_parallel, local_shapes
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.engine import Engine
+from vivant.worker.model.fast_parts import auto_kv_splits
+from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.model import VideoDiT
+from vivant.worker.model.options import AttentionBackend, CacheMode, EngineOptions
+from vivant.worker.model.tp import apply_tensor_parallel, local_shapes
 
 
 def _bench(fn, rep_ms=200) -> float:
@@ -75,7 +77,8 @@ def _init_(module: torch.nn.Module, gen: torch.Generator, init: str = "unit", n_
 
 def build_rank(cfg: ModelConfig, tp: int, rank: int, *, keep_bf16: bool, seed: int = 0, reduce: str = "none",
                device: str = "cuda", init: str = "unit"):
-    """One rank's shard, materialized block by block on the GPU (never the full model in bf16).
+    """One rank's shard, materialized block by block on the GPU (never the full model in bf16); keep_bf16=False
+    quantizes each block's four projections to FP8 as it is built (`Fp8Linear`), freeing their bf16 weights.
     reduce="none" for the one-GPU benchmark (all-reduce left out); "dist" on a real TP group."""
     dev = torch.device(device)
     with torch.device("meta"):
@@ -92,19 +95,15 @@ def build_rank(cfg: ModelConfig, tp: int, rank: int, *, keep_bf16: bool, seed: i
     for p_name in ("audio_pos",):
         setattr(model, p_name, torch.nn.Parameter(torch.empty_like(getattr(model, p_name), device=dev, dtype=torch.bfloat16)))
         getattr(model, p_name).data.normal_(0, 0.02, generator=gen)
-    fast_w = []
     for blk in model.blocks:
         blk.to_empty(device=dev)
         blk.to(torch.bfloat16)
         _init_(blk, gen, init, cfg.n_layers)
         if not keep_bf16:
-            packed = []
-            for lin in (blk.attn.qkv, blk.attn.o, blk.mlp.gate_up, blk.mlp.down):
-                packed.append(quantize_weight(lin.weight.data))
-                lin.weight = torch.nn.Parameter(torch.empty(0, device=dev, dtype=torch.bfloat16), requires_grad=False)
-            fast_w.append(packed)
+            for mod, name in ((blk.attn, "qkv"), (blk.attn, "o"), (blk.mlp, "gate_up"), (blk.mlp, "down")):
+                setattr(mod, name, getattr(mod, name).as_fp8(fast_accum=False))
     model.eval()
-    return model, fast_w
+    return model
 
 
 def graph_us(fn, inner: int = 20, reps: int = 30) -> float:
@@ -294,7 +293,7 @@ def time_chunks(gen: ChunkGenerator, cfg, warmup: int, chunks: int):
     return times, lat
 
 
-def numerics(cfg, model, args, timed: FastDiT) -> dict:
+def numerics(cfg, model, args, timed: Engine) -> dict:
     """Optimized vs baseline over many chunks with position resets (t_limit lowered to force them).
 
     mode_only: the same FP8 engine (same FP8 weights, same FP8 activations) with the ring cache + graphs vs the
@@ -304,20 +303,19 @@ def numerics(cfg, model, args, timed: FastDiT) -> dict:
     """
 
     ncfg = ModelConfig.from_name(args.preset, t_limit=args.numerics_t_limit)
-    fast_o = FastDiT(model, attn_backend=args.attn_backend, use_graphs=not args.no_graphs, fp8_weights=timed.w)
-    fast_o.fast_accum = args.fast_accum
-    fast_o.attn_kv_splits, fast_o.pdl = timed.attn_kv_splits, timed.pdl  # the timed engine's settings
-    # the same FP8 weights, its own buffers; the baseline cache mode runs eagerly
-    fast_b = FastDiT(model, attn_backend=args.attn_backend, use_graphs=False, fp8_weights=fast_o.w)
-    fast_b.fast_accum, fast_b.attn_kv_splits = fast_o.fast_accum, fast_o.attn_kv_splits
+    # the timed engine's FP8 model and options, its own graphs and buffers; the baseline cache mode runs eagerly
+    fast_o = Engine(timed.model, timed.options)
+    fast_b = Engine(timed.model, timed.options.replace(cuda_graphs=False))
     with torch.no_grad():  # the bf16 baseline then runs on exactly the weights the FP8 path holds
-        for blk, packed in zip(model.blocks, fast_o.w, strict=True):
-            for lin, (w8, sw) in zip((blk.attn.qkv, blk.attn.o, blk.mlp.gate_up, blk.mlp.down), packed, strict=True):
-                lin.weight.copy_((w8.float() * sw[:, None]).to(lin.weight.dtype))
+        for blk, fblk in zip(model.blocks, timed.model.blocks, strict=True):
+            for mod, fmod in ((blk.attn, fblk.attn), (blk.mlp, fblk.mlp)):
+                for name in ("qkv", "o") if mod is blk.attn else ("gate_up", "down"):
+                    lin, f8 = getattr(mod, name), getattr(fmod, name)
+                    lin.weight.copy_((f8.w8.float() * f8.sw[:, None]).to(lin.weight.dtype))
     kw = dict(device="cuda", dtype=torch.bfloat16, seed=7)
-    g_o = ChunkGenerator(ncfg, mode="optimized", model=fast_o, **kw)
-    g_b = ChunkGenerator(ncfg, mode="baseline", model=fast_b, **kw)
-    g_r = ChunkGenerator(ncfg, mode="baseline", model=model, **kw)
+    g_o = ChunkGenerator(ncfg, mode=CacheMode.OPTIMIZED, engine=fast_o, **kw)
+    g_b = ChunkGenerator(ncfg, mode=CacheMode.BASELINE, engine=fast_b, **kw)
+    g_r = ChunkGenerator(ncfg, mode=CacheMode.BASELINE, model=model, **kw)
     e_mode, e_bf16, resets, t_b = [], [], 0, []
     for n in range(args.numerics_chunks):
         a = _audio(ncfg, n)
@@ -346,9 +344,6 @@ def run(args) -> int:
     cfg = ModelConfig.from_name(args.preset)
     tp, rank = args.tp, args.rank
     props = torch.cuda.get_device_properties(0)
-    pdl = frozenset(x for x in args.pdl.split(",") if x)
-    if not pdl <= FastDiT.PDL_SITES:
-        raise SystemExit(f"--pdl: unknown sites {sorted(pdl - FastDiT.PDL_SITES)}; choose from {sorted(FastDiT.PDL_SITES)}")
     splits = args.attn_kv_splits
     if splits == "auto":
         splits = auto_kv_splits(cfg.tokens_per_chunk, cfg.shard_heads(tp), cfg.cache_slots, props.multi_processor_count)
@@ -358,28 +353,30 @@ def run(args) -> int:
               "torch": torch.__version__, "triton": triton.__version__, "date": time.strftime("%Y-%m-%d"),
               "chunks": args.chunks, "passes": cfg.passes, "layers": cfg.n_layers,
               "attn_calls_per_chunk": cfg.n_layers * cfg.passes, "attn_backend": args.attn_backend,
-              "cublaslt_workspace_kib": workspace, "attn_kv_splits": splits, "pdl": sorted(pdl)}
+              "cublaslt_workspace_kib": workspace, "attn_kv_splits": splits}
     ceil = gemm_ceiling(cfg, tp)
     comp = component_times(cfg, tp, splits)
     result["gemm_ceiling"] = ceil
     result["components_ms_per_call"] = comp
     calls = cfg.n_layers * cfg.passes
     # per call; the image refresh happens inside qkv_ring_write (counted with the fused kernels)
-    attn_cost = {"triton": comp["attn_triton_fp8_ring"], "sdpa": comp["attn_sdpa_dequant"],
-                 "image": comp["attn_image"]}
+    # the engine's backends (the Triton FP8 kernel is timed as a component only: not an engine choice)
+    attn_cost = {AttentionBackend.SDPA: comp["attn_sdpa_dequant"], AttentionBackend.IMAGE: comp["attn_image"]}
     if args.attn_backend == "auto":  # the fastest correct backend at these shapes, measured above
         args.attn_backend = min(attn_cost, key=attn_cost.get)
-        result["attn_backend"] = args.attn_backend
+    args.attn_backend = AttentionBackend(args.attn_backend)
+    result["attn_backend"] = args.attn_backend.value
     flops_chunk = ceil["flops_per_layer_pass"] * calls
     keep_bf16 = tp > 1
-    model, fast_w = build_rank(cfg, tp, rank, keep_bf16=keep_bf16, seed=args.seed, init=args.init)
+    model = build_rank(cfg, tp, rank, keep_bf16=keep_bf16, seed=args.seed, init=args.init)
     result["init"] = args.init
-    fast = FastDiT(model, attn_backend=args.attn_backend, use_graphs=not args.no_graphs,
-                   fp8_weights=None if keep_bf16 else fast_w)
-    fast.fast_accum = result["fast_accum"] = args.fast_accum
-    fast.attn_kv_splits, fast.pdl = splits, pdl
+    result["fast_accum"] = args.fast_accum
+    options = EngineOptions(fp8=True, attention=args.attn_backend, kv_splits=splits, fast_accum=args.fast_accum,
+                            cuda_graphs=not args.no_graphs)
+    fast = Engine.build(model, options, inplace=not keep_bf16)  # keep_bf16: the float model stays the baseline
     result["weights_gb"] = torch.cuda.memory_allocated() / 1e9
-    opt = ChunkGenerator(cfg, mode="optimized", device="cuda", dtype=torch.bfloat16, model=fast, seed=args.seed)
+    opt = ChunkGenerator(cfg, mode=CacheMode.OPTIMIZED, device="cuda", dtype=torch.bfloat16, engine=fast,
+                         seed=args.seed)
     t_opt, lat_opt = time_chunks(opt, cfg, args.warmup, args.chunks)
     result["optimized_ms"] = float(np.median(t_opt))
     result["optimized_p99_ms"] = float(np.percentile(t_opt, 99))
@@ -391,7 +388,7 @@ def run(args) -> int:
     result["pct_fp8_ceiling"] = 100.0 * result["fp8_tflops"] / ceil["fp8_ceiling_tflops"]
     o = result["optimized_ms"]
     gem = ceil["fp8_ms_per_layer_pass"] * calls
-    split = splits > 1 and args.attn_backend == "image"  # the split attention quantizes its output itself
+    split = splits > 1 and args.attn_backend is AttentionBackend.IMAGE  # the split attention quantizes its output
     att = (comp["attn_image_split_fp8"] if split else attn_cost[args.attn_backend]) * calls
     # per layer-pass: 2 residual_ln_mod_quant, swiglu_quant, quant_rows (unless split), qkv_ring_write
     # (+ one ln_mod_quant per pass)
@@ -406,8 +403,9 @@ def run(args) -> int:
                                 "bandwidth; measured on several GPUs by the multi-GPU issue")
     result["optimized_breakdown_ms"] = {"gemms": gem, "attention": att, "fused_quant_elementwise": elem,
                                         "other": o - gem - att - elem}
-    if keep_bf16 and args.mode in ("both", "baseline"):
-        base = ChunkGenerator(cfg, mode="baseline", device="cuda", dtype=torch.bfloat16, model=model, seed=args.seed)
+    if keep_bf16 and args.mode in ("both", CacheMode.BASELINE):
+        base = ChunkGenerator(cfg, mode=CacheMode.BASELINE, device="cuda", dtype=torch.bfloat16, model=model,
+                              seed=args.seed)
         t_base, lat_base = time_chunks(base, cfg, args.warmup, args.chunks)
         result["baseline_ms"] = float(np.median(t_base))
         result["baseline_p99_ms"] = float(np.percentile(t_base, 99))

@@ -52,10 +52,12 @@ def _rank(rank: int, world: int, port: int, args, out: str) -> None:
                             device_id=torch.device("cuda", rank))
     res: dict = {"rank": rank, "world": world}
     try:
+        from vivant.apis.feature_flags import FlagValues
         from vivant.bench.gpu_step import build_rank
-        from vivant.worker.config import ModelConfig
-        from vivant.worker.fast_dit import FastDiT
-        from vivant.worker.generator import ChunkGenerator
+        from vivant.worker.model.config import ModelConfig
+        from vivant.worker.model.engine import Engine
+        from vivant.worker.model.generator import ChunkGenerator
+        from vivant.worker.model.options import AttentionBackend, CacheMode, EngineOptions
 
         cfg = ModelConfig.from_name("57b", n_layers=args.layers)
         x = torch.randn(cfg.tokens_per_chunk, cfg.d_model, device="cuda", dtype=torch.bfloat16)
@@ -71,11 +73,13 @@ def _rank(rank: int, world: int, port: int, args, out: str) -> None:
             torch.cuda.synchronize()
             ts.append(s_.elapsed_time(e_))
         res["allreduce_757x8192_bf16_ms"] = float(np.median(ts))
-        model, _ = build_rank(cfg, world, rank, keep_bf16=True, reduce="dist", device=f"cuda:{rank}")
-        fast = FastDiT(model, attn_backend="sdpa", use_graphs=True)
-        gen = ChunkGenerator(cfg, mode="optimized", device=f"cuda:{rank}", dtype=torch.bfloat16, model=fast, seed=7)
+        model = build_rank(cfg, world, rank, keep_bf16=False, reduce="dist", device=f"cuda:{rank}")
+        fast = Engine.build(model, EngineOptions(fp8=True, attention=AttentionBackend.SDPA, cuda_graphs=True),
+                            inplace=True)
+        gen = ChunkGenerator(cfg, mode=CacheMode.OPTIMIZED, device=f"cuda:{rank}", dtype=torch.bfloat16, engine=fast,
+                             seed=7)
         runs = {}
-        res["path_unfused"] = gen.apply_flags({"fusedGemmAllReduce": False})
+        res["path_unfused"] = gen.apply_flags(FlagValues(fusedGemmAllReduce=False))
         runs["unfused"] = _chunks(gen, cfg, args.chunks, args.warmup)
         for method in ("auto", "chunked_overlap"):
             try:

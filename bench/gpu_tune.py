@@ -11,8 +11,10 @@ python bench/gpu_tune.py --out OUT/tune.json [--parts kernels,small,split,launch
      image refresh of one pass's 757 slots, the Triton FP8 kernel; the image output must equal "sdpa";
    - the four FP8 GEMMs with and without cuBLASLt fast accumulation (time and error vs float32).
    Parts `split` and `launch` (bench/gpu_probes.py): the split-KV combine over warps, memsets per library call,
-   programmatic dependent launch at library → Triton boundaries, the GEMMs with no cuBLASLt workspace.
-2. The whole step, several engine variants on the same weights (A/B/A order in one process): median ms per chunk,
+   programmatic dependent launch at library → Triton boundaries (kernel pairs only: measured within noise, the
+   engine does not use it), the GEMMs with no cuBLASLt workspace.
+2. The whole step, several engine variants (EngineOptions) on the same FP8 weights (A/B/A order in one process):
+   median ms per chunk,
    and a CUDA-kernel profile (torch.profiler) grouped into GEMMs / attention / fused kernels / other, with the
    device's idle gaps. Part `timeline`: CUDA events around every pass, no profiler (host work between passes
    and before a chunk's first pass).
@@ -41,10 +43,11 @@ from vivant.kernels.fp8_gemm import fp8_linear, fp8_linear_ref, quantize_weight
 from vivant.kernels.qk_norm_rope import _qk_norm_rope_kernel, qk_norm_rope_ref
 from vivant.kernels.ring_attention import ring_attention, ring_attention_ref
 from vivant.kernels.ring_image import dequant_slots
-from vivant.worker.config import ModelConfig
-from vivant.worker.fast_dit import FastDiT
-from vivant.worker.generator import ChunkGenerator
-from vivant.worker.tp import local_shapes
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.engine import Engine
+from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.options import AttentionBackend, CacheMode, EngineOptions
+from vivant.worker.model.tp import local_shapes
 
 DEV = "cuda"
 FUSED_CONFIGS = [None, (1, 0, 4), (1, 0, 8), (1, 0, 16), (1, 0, 32), (2, 0, 16), (2, 0, 32), (1, 1024, 4),
@@ -312,29 +315,28 @@ def chunk_events(gen, cfg, count):
         yield i, a, b
 
 
-def engine(model, fast_w, backend):
-    return FastDiT(model, attn_backend=backend, use_graphs=True, fp8_weights=fast_w)
+def engine(model, backend, *, fast_accum=True, kv_splits=1, graphs=True) -> Engine:
+    """An engine over the FP8 rank `model` (build_rank keep_bf16=False) with these options; engines built from one
+    model share its FP8 weights."""
+    return Engine.build(model, EngineOptions(fp8=True, attention=backend, kv_splits=kv_splits, fast_accum=fast_accum,
+                                             cuda_graphs=graphs))
 
 
-def time_variant(model, fast_w, cfg, backend, fast_accum, configs, warmup=8, chunks=10, prof=False,
-                 kv_splits=1, pdl=frozenset()) -> dict:
+def time_variant(model, cfg, backend, fast_accum, configs, warmup=8, chunks=10, prof=False, kv_splits=1) -> dict:
     saved = dict(fq.DEFAULT_CONFIGS)
     if configs:
         fq.DEFAULT_CONFIGS.update(configs)
     try:
-        eng = engine(model, fast_w, backend)
-        eng.fast_accum = fast_accum
-        eng.attn_kv_splits = kv_splits
-        eng.pdl = pdl
-        gen = ChunkGenerator(cfg, mode="optimized", device=DEV, dtype=torch.bfloat16, model=eng, seed=0)
+        eng = engine(model, backend, fast_accum=fast_accum, kv_splits=kv_splits)
+        gen = ChunkGenerator(cfg, mode=CacheMode.OPTIMIZED, device=DEV, dtype=torch.bfloat16, engine=eng, seed=0)
         ts = [a.elapsed_time(b) for i, a, b in chunk_events(gen, cfg, warmup + chunks) if i >= warmup]
-        out = {"backend": backend, "fast_accum": fast_accum, "kv_splits": kv_splits, "pdl": sorted(pdl),
+        out = {"backend": backend, "fast_accum": fast_accum, "kv_splits": kv_splits,
                "configs": configs, "cublaslt_workspace": os.environ.get("CUBLASLT_WORKSPACE_SIZE", "default"),
                "median_ms": float(np.median(ts)),
                "ms": [round(t, 2) for t in ts], "graph_replays": eng.graph_replays}
         if prof:
             out["profile"] = profile_chunks(gen, cfg, warmup + chunks)
-        print(f"  step ws={out['cublaslt_workspace']:<7} kv_splits={kv_splits} pdl={','.join(sorted(pdl)) or '-':<17} "
+        print(f"  step ws={out['cublaslt_workspace']:<7} kv_splits={kv_splits} "
               f"configs={'tuned' if configs else 'default'}"
               f" → {out['median_ms']:.1f} ms/chunk")
         if prof:
@@ -347,13 +349,12 @@ def time_variant(model, fast_w, cfg, backend, fast_accum, configs, warmup=8, chu
         fq.DEFAULT_CONFIGS.update(saved)
 
 
-def timeline(model, fast_w, cfg, chunks=12, warmup=6) -> dict:
+def timeline(model, cfg, chunks=12, warmup=6) -> dict:
     """Where a chunk's wall time goes outside the graphs: CUDA events at the chunk's start, around each pass
     (engine call) and at its end, so host preparation before the first pass, the gaps between passes and the
     tail after the last one are measured without a profiler (which slows the host)."""
-    eng = engine(model, fast_w, "image")
-    eng.fast_accum = True
-    gen = ChunkGenerator(cfg, mode="optimized", device=DEV, dtype=torch.bfloat16, model=eng, seed=0)
+    eng = engine(model, AttentionBackend.IMAGE)
+    gen = ChunkGenerator(cfg, mode=CacheMode.OPTIMIZED, device=DEV, dtype=torch.bfloat16, engine=eng, seed=0)
     marks: list = []
     real_call = type(eng).__call__
 
@@ -389,16 +390,16 @@ def timeline(model, fast_w, cfg, chunks=12, warmup=6) -> dict:
 def numerics_probe(init: str, chunks: int, backend: str) -> dict:
 
     cfg = ModelConfig.from_name("57b", t_limit=12)
-    model, fast_w = build_rank(cfg, 4, 0, keep_bf16=False, init=init)
-    fo = engine(model, fast_w, backend)
-    fb = FastDiT(model, attn_backend=backend, use_graphs=False, fp8_weights=fast_w)  # baseline mode: eager
-    fp = engine(model, fast_w, backend)
-    fa = engine(model, fast_w, backend)
+    model = build_rank(cfg, 4, 0, keep_bf16=False, init=init)
+    fo = engine(model, backend, fast_accum=False)
+    fb = engine(model, backend, fast_accum=False, graphs=False)  # baseline mode: eager
+    fp = engine(model, backend, fast_accum=False)
+    fa = engine(model, backend, fast_accum=False)
     kw = dict(device=DEV, dtype=torch.bfloat16, seed=7)
-    g_o = ChunkGenerator(cfg, mode="optimized", model=fo, **kw)
-    g_b = ChunkGenerator(cfg, mode="baseline", model=fb, **kw)
-    g_p = ChunkGenerator(cfg, mode="optimized", model=fp, **kw)  # floor: perturbed input noise
-    g_a = ChunkGenerator(cfg, mode="optimized", model=fa, **kw)  # ablation: no delta rotation at resets
+    g_o = ChunkGenerator(cfg, mode=CacheMode.OPTIMIZED, engine=fo, **kw)
+    g_b = ChunkGenerator(cfg, mode=CacheMode.BASELINE, engine=fb, **kw)
+    g_p = ChunkGenerator(cfg, mode=CacheMode.OPTIMIZED, engine=fp, **kw)  # floor: perturbed input noise
+    g_a = ChunkGenerator(cfg, mode=CacheMode.OPTIMIZED, engine=fa, **kw)  # ablation: no delta rotation at resets
     g_a.cache.shift_positions = lambda delta, slots, c=g_a.cache: setattr(c, "_offset_chunks", c._offset_chunks + delta)
     base_noise = g_p.noise
 
@@ -423,7 +424,7 @@ def numerics_probe(init: str, chunks: int, backend: str) -> dict:
            "ablation": [round(e, 5) for e in e_abl]}
     print(f"  init={init}: mode-only max {max(e_mode):.4f}, floor max {max(e_floor):.4f}, "
           f"ablation max {max(e_abl):.4f} ({resets} resets)")
-    del g_o, g_b, g_p, g_a, model, fast_w
+    del g_o, g_b, g_p, g_a, model
     torch.cuda.empty_cache()
     return out
 
@@ -476,35 +477,31 @@ def main() -> None:
         save()
     if "step" in parts:
         def step():
-            model, fast_w = build_rank(cfg, 4, 0, keep_bf16=False)
+            model = build_rank(cfg, 4, 0, keep_bf16=False)
             best = {}  # the module's DEFAULT_CONFIGS unless this run swept the fused kernels
             for name, r in (res.get("fused") or {}).items():
                 if isinstance(r, dict) and r.get("best") and r["best"]["config"] is not None:
                     best[name] = tuple(r["best"]["config"])
             out = {"tuned_configs": best, "note": "engine with the fused QKV → ring kernel (kernels/qkv_ring.py)"}
             if "all_variants" in parts:
-                out["sdpa"] = time_variant(model, fast_w, cfg, "sdpa", False, {}, prof=True)
-            # A/B/A order on one lease: the repeated first variant shows the drift between runs. PDL after the
-            # gate/up GEMM measured 9 µs slower per pair (the launch probe), so the subset leaves it out.
-            sub = frozenset({"qkv", "attn", "o", "down"})
-            variants = [("image_fast_accum", {}), ("pdl_no_gate_up", {"pdl": sub}), ("kv_splits_4", {"kv_splits": 4}),
-                        ("kv_splits_4_pdl_no_gate_up", {"kv_splits": 4, "pdl": sub}), ("kv_splits_2", {"kv_splits": 2}),
+                out["sdpa"] = time_variant(model, cfg, AttentionBackend.SDPA, False, {}, prof=True)
+            # A/B/A order on one lease: the repeated first variant shows the drift between runs
+            variants = [("image_fast_accum", {}), ("kv_splits_4", {"kv_splits": 4}), ("kv_splits_2", {"kv_splits": 2}),
                         ("image_fast_accum_again", {}), ("kv_splits_4_again", {"kv_splits": 4})]
             for name, kw in variants:
-                out[name] = time_variant(model, fast_w, cfg, "image", True, best, prof=True, **kw)
+                out[name] = time_variant(model, cfg, AttentionBackend.IMAGE, True, best, prof=True, **kw)
             return out
         section("step", step, res)
         save()
     if "timeline" in parts:
         def tl():
-            model, fast_w = build_rank(cfg, 4, 0, keep_bf16=False)
-            return timeline(model, fast_w, cfg)
+            return timeline(build_rank(cfg, 4, 0, keep_bf16=False), cfg)
         section("timeline", tl, res)
         save()
     if "numerics" in parts:
-        section("numerics_scaled", lambda: numerics_probe("scaled", args.numerics_chunks, "image"), res)
+        section("numerics_scaled", lambda: numerics_probe("scaled", args.numerics_chunks, AttentionBackend.IMAGE), res)
         save()
-        section("numerics_unit", lambda: numerics_probe("unit", args.numerics_chunks, "image"), res)
+        section("numerics_unit", lambda: numerics_probe("unit", args.numerics_chunks, AttentionBackend.IMAGE), res)
         save()
     save()
     print("wrote", args.out)

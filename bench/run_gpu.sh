@@ -18,7 +18,7 @@ step() { case ",$STEPS," in *",$1,"*) ;; *) return 0;; esac; shift
          echo "=== $1"; shift; ( "$@" ) 2>&1 | tee -a "$OUT/log.txt" | tail -25; }
 step tune "kernel sweeps, step variants, numerics probes" python3 bench/gpu_tune.py --out "$OUT/tune.json" \
     --parts ${TUNE_PARTS:-kernels,step,numerics}
-step smoke "smoke: tiny on cuda, FastDiT with graphs vs baseline" python3 bench/gpu_smoke.py
+step smoke "smoke: tiny on cuda, the served engine (FP8 parts, CUDA graphs) vs the float parts" python3 bench/gpu_smoke.py
 step tests "gpu tests" python3 -m pytest -q -m gpu tests/kernels tests/stream/test_decode_gpu.py -p no:cacheprovider
 step tp4 "bench step 57b tp4 rank0" python3 -m vivant bench step --preset 57b --tp 4 --rank 0 --device cuda \
     --chunks 20 --warmup 8 --numerics-chunks ${NUMERICS_CHUNKS:-104} ${STEP_ARGS:-} --out "$OUT/step_57b_tp4_rank0.json"
@@ -26,6 +26,10 @@ step tp1 "bench step 57b tp1" python3 -m vivant bench step --preset 57b --tp 1 -
     --chunks 20 --warmup 3 --out "$OUT/step_57b_tp1.json"
 step floor "amplification floor of the random 57b shard" python3 bench/gpu_floor.py --chunks 40 --out "$OUT/floor_57b_tp4_rank0.json"
 step tp2 "2 GPUs (NCCL): TP=2 FP8 engine, unfused vs fused GEMM + all-reduce" python3 bench/gpu_tp2.py --out "$OUT/tp2_57b_shapes.json"
-step layout "1 DiT rank + 1 decoder rank (NCCL p2p)" python3 -m vivant.worker.tp_layout --tp 1 --backend nccl --preset ref --chunks 48
+# the served runtime for one 60 s session (Redis, the worker's ranks, the pacer): REDIS_SERVER names a redis-server
+# binary (docs/BENCHMARKS.md: the Debian packages unpacked with dpkg -x), else the one on PATH
+step session "served runtime: 60 s ref session, 1 DiT rank + decoder on the same GPU" python3 bench/gpu_session.py \
+    --seconds ${SESSION_SECONDS:-60} --tp ${SESSION_TP:-1} --decoder-device ${SESSION_DECODER:-shared} --preset ref \
+    ${REDIS_SERVER:+--redis-server "$REDIS_SERVER"} --out "$OUT/session_ref_tp1.json"
 step decode "bench decode 57b" python3 -m vivant bench decode --preset 57b --device cuda --chunks 20 --json --out "$OUT/decode_57b.json"
 ls -la "$OUT"

@@ -18,10 +18,11 @@ import time
 
 import numpy as np
 import torch
-from vivant.worker.config import ModelConfig
-from vivant.worker.generator import ChunkGenerator
-from vivant.worker.model import VideoDiT, init_random_
-from vivant.worker.tp import apply_tensor_parallel
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.model import VideoDiT, init_random_
+from vivant.worker.model.options import AttentionBackend, CacheMode
+from vivant.worker.model.tp import apply_tensor_parallel
 
 
 def _splits(text: str) -> int | str:
@@ -38,7 +39,7 @@ def _splits(text: str) -> int | str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="tiny", help="model preset (tiny | 57b)")
-    p.add_argument("--mode", default="both", choices=["baseline", "optimized", "both"])
+    p.add_argument("--mode", default="both", choices=[*(m.value for m in CacheMode), "both"])
     p.add_argument("--chunks", type=int, default=30, help="chunks timed per mode (after warm-up)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size whose one rank is measured")
@@ -46,14 +47,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--no-fp8", action="store_true", help="float cache instead of FP8")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--attn-backend", default="auto", choices=["auto", "triton", "sdpa", "image"],
-                   help="GPU: ring attention backend (auto: the fastest, measured in the run)")
+    p.add_argument("--attn-backend", default="auto",
+                   choices=["auto", AttentionBackend.IMAGE.value, AttentionBackend.SDPA.value],
+                   help="GPU: the FP8 parts' attention (auto: the faster of the two, measured in the run)")
     p.add_argument("--init", default="scaled", choices=["unit", "scaled"],
                    help="GPU: random init of the 57b shard (scaled: residual-writing projections / sqrt(2·layers))")
     p.add_argument("--attn-kv-splits", type=_splits, default="auto",
                    help="GPU, image attention: slots in this many parts per attention call (kernels/split_kv.py), "
-                        "or auto (FastDiT's rule)")
-    p.add_argument("--pdl", default="", help="GPU: comma-separated FastDiT PDL sites (qkv, attn, o, gate_up, down)")
+                        "or auto (worker/model/fast_parts.py auto_kv_splits)")
     p.add_argument("--fast-accum", action="store_true", help="GPU: cuBLASLt FP8 fast accumulation in the GEMMs")
     p.add_argument("--no-graphs", action="store_true", help="GPU: run passes eagerly (no CUDA graphs)")
     p.add_argument("--numerics-chunks", type=int, default=0, help="GPU: also compare modes over this many chunks")
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         from vivant.bench import gpu_step  # the GPU step benchmark (FP8 GEMMs, graphs) lives there
 
         return gpu_step.run(args)
-    modes = ["baseline", "optimized"] if args.mode == "both" else [args.mode]
+    modes = [CacheMode.BASELINE, CacheMode.OPTIMIZED] if args.mode == "both" else [CacheMode(args.mode)]
     result = {
         "bench": "step", "preset": cfg.name, "tp": args.tp, "rank": args.rank, "device": args.device,
         "cpu": platform.processor() or platform.machine(), "torch": torch.__version__, "chunks": args.chunks,
@@ -99,12 +100,13 @@ def run(args: argparse.Namespace) -> int:
     for mode in modes:
         times, lat = measure(cfg, mode, args)
         latents[mode] = lat
-        result[f"{mode}_ms"] = float(np.median(times))
-        result[f"{mode}_p99_ms"] = float(np.percentile(times, 99))
-        result[f"{mode}_per_chunk_ms"] = [round(t, 3) for t in times]
+        result[f"{mode.value}_ms"] = float(np.median(times))
+        result[f"{mode.value}_p99_ms"] = float(np.percentile(times, 99))
+        result[f"{mode.value}_per_chunk_ms"] = [round(t, 3) for t in times]
     if len(modes) == 2:
         result["speedup"] = result["baseline_ms"] / result["optimized_ms"]
-        errs = [float((a - b).norm() / b.norm()) for a, b in zip(latents["optimized"], latents["baseline"], strict=True)]
+        errs = [float((a - b).norm() / b.norm())
+                for a, b in zip(latents[CacheMode.OPTIMIZED], latents[CacheMode.BASELINE], strict=True)]
         result["max_rel_rms"] = max(errs)
     text = json.dumps(result, indent=2)
     if args.out:
@@ -115,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"{'mode':<10} {'median ms':>10} {'p99 ms':>10}")
     for mode in modes:
-        print(f"{mode:<10} {result[f'{mode}_ms']:>10.2f} {result[f'{mode}_p99_ms']:>10.2f}")
+        print(f"{mode.value:<10} {result[f'{mode.value}_ms']:>10.2f} {result[f'{mode.value}_p99_ms']:>10.2f}")
     if len(modes) == 2:
         print(f"speedup (baseline/optimized) {result['speedup']:.2f}×, max rel RMS {result['max_rel_rms']:.2e}")
     sys.stdout.flush()

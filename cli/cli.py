@@ -15,13 +15,13 @@ import sys
 
 # name -> (module, one-line help). Modules are imported lazily.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("vivant.worker.demo", "render a talking-character video on this machine (MP4) and print a report"),
+    "demo": ("vivant.worker.stream.demo", "render a talking-character video on this machine (MP4) and print a report"),
     "bench": ("vivant.bench.cli", "benchmarks: step (DiT chunk step), decode (VAE decoder); JSON + table"),
-    "worker": ("vivant.worker.service", "run a warm worker: register in Redis, wait for sessions, stream them"),
+    "worker": ("vivant.worker.serving.cli", "run a warm worker: register in Redis, wait for sessions, stream them"),
     "flags": ("vivant.sessions.flags_cli", "get/set a worker pool's live feature flags in Redis"),
     "operator": ("vivant.operator.main", "run the kopf operator (CharacterSession / WorkerPool)"),
     "api": ("vivant.gateway.server", "serve the session gateway, the REST API of /v1/realtime_sessions"),
-    "eval": ("vivant.worker.eval_cli", "quality gate: reference vs optimized path (lip-sync proxy, PSNR)"),
+    "eval": ("vivant.worker.quality.eval_cli", "quality gate: reference vs optimized path (lip-sync proxy, PSNR)"),
     "dev": ("vivant.devcluster.cli", "local development: `dev cluster up|down|status|build` (real Kubernetes, simulated GPU nodes)"),
     "train": ("vivant.worker.train.cli", "train the reference character (procedural data, VAE, DiT): `train ref`"),
 }

@@ -42,7 +42,7 @@ COPY worker worker
 RUN /opt/vivant/bin/python -m pip install --no-deps --no-build-isolation . \
  && /opt/vivant/bin/python -m pip check \
  && /opt/vivant/bin/vivant worker --help >/dev/null \
- && /opt/vivant/bin/python -c "import torch, triton, av, livekit.agents, vivant.worker.service"
+ && /opt/vivant/bin/python -c "import torch, triton, av, livekit.agents, vivant.worker.serving.cli"
 
 # ---- runtime: CUDA base + a C compiler (Triton compiles its small launcher modules at first use)
 FROM ${CUDA_IMAGE}

@@ -8,7 +8,7 @@ P·192 shorter CTAs. The parts' outputs o_i [N, D] and log-sum-exps l_i (natural
 combine exactly: out = Σ_i exp(l_i − m)·o_i / Σ_i exp(l_i − m), m = max_i l_i. Measured on H200s
 (bench/gpu_tune.py, docs/BENCHMARKS.md): 4 parts take the step's attention from 22.3 to 19.4 ms per chunk and
 the chunk ~0.5 ms faster after the combine; 2 parts gain nothing. The engine picks P with
-vivant.worker.fast_dit.auto_kv_splits.
+vivant.worker.model.fast_parts.auto_kv_splits.
 
 Shapes: q [N, H, D]; images k, v [S, H, D] (S divisible by `splits`); partial outputs o [splits, H, N, D]
 (any strides), lse [splits, H, N] float32; out [N, H, D] in q's dtype. The combine reads splits·N·H·(D·2 + 4)

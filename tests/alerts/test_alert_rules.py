@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from vivant.worker.metrics import REFERENCE_OBJECTIVE
+from vivant.worker.serving.metrics import REFERENCE_OBJECTIVE
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "charts" / "vivant" / "files" / "rules.yaml"

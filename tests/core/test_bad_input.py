@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
-from vivant.worker.audio_features import AudioError
-from vivant.worker.config import ConfigError, ModelConfig
-from vivant.worker.generator import ChunkGenerator
-from vivant.worker.model import VideoDiT, init_random_
-from vivant.worker.weights import CheckpointError, load_weights, save_weights
+from vivant.worker.model.audio_features import AudioError
+from vivant.worker.model.config import ConfigError, ModelConfig
+from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.model import VideoDiT, init_random_
+from vivant.worker.model.weights import CheckpointError, load_weights, save_weights
 
 
 def test_unknown_preset_lists_the_known_ones():
@@ -91,7 +91,7 @@ def test_generator_loads_weights_from_a_checkpoint(tmp_path):
     save_weights(src, tmp_path / "w.safetensors")
     gen = ChunkGenerator(cfg, weights=tmp_path / "w.safetensors")
     for k, v in src.state_dict().items():
-        assert torch.equal(gen.model.state_dict()[k], v), k
+        assert torch.equal(gen.engine.model.state_dict()[k], v), k
 
 
 def test_audio_of_the_wrong_sample_rate_is_refused_and_the_session_keeps_going():

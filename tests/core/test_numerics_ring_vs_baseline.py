@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from vivant.worker.config import ModelConfig
-from vivant.worker.generator import ChunkGenerator
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.generator import ChunkGenerator
 
 CHUNKS = 104
 

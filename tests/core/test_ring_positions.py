@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from vivant.worker.positions import PositionFrame, RingLayout, chunk_positions, sink_positions
+from vivant.worker.model.positions import PositionFrame, RingLayout, chunk_positions, sink_positions
 
 
 @pytest.mark.parametrize("sink,T,W", [(489, 757, 7), (10, 27, 3), (0, 5, 1), (3, 7, 5), (7, 7, 2)])

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 from gloo_ranks import run_ranks
-from vivant.worker.config import ConfigError, ModelConfig
-from vivant.worker.generator import ChunkGenerator
-from vivant.worker.model import VideoDiT, init_random_
-from vivant.worker.tp import apply_tensor_parallel, local_shapes
+from vivant.worker.model.config import ConfigError, ModelConfig
+from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.model import VideoDiT, init_random_
+from vivant.worker.model.tp import apply_tensor_parallel, local_shapes
 
 CHUNKS = 14  # tiny: t_limit 12 → one reset at chunk 12
 

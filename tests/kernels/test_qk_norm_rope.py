@@ -38,7 +38,7 @@ def test_triton_matches_reference(n, h, d, dims):
 
 
 def test_reference_equals_the_models_unfused_path():
-    from vivant.worker.model import RMSNorm
+    from vivant.worker.model.model import RMSNorm
 
     n, h, d, dims = 11, 3, 16, (4, 6, 6)
     qkv, qw, kw, pos, cos, sin = _inputs(n, h, d, dims, seed=3)

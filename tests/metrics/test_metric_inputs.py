@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from vivant.gateway.metrics import ApiMetrics
 from vivant.operator.metrics import OperatorMetrics
-from vivant.worker.metrics import REFERENCE_OBJECTIVE, WorkerMetrics
+from vivant.worker.serving.metrics import REFERENCE_OBJECTIVE, WorkerMetrics
 
 POOL = "ns/pool"
 

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from vivant.gateway.metrics import ApiMetrics
 from vivant.operator import metrics as operator_metrics
-from vivant.worker import metrics as worker_metrics
+from vivant.worker.serving import metrics as worker_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "charts" / "vivant" / "files" / "rules.yaml"

@@ -10,8 +10,8 @@ import math
 
 import pytest
 from vivant.cli import main
-from vivant.worker.eval_cli import judge
-from vivant.worker.ref_model import default_weights_dir
+from vivant.worker.model.ref_model import default_weights_dir
+from vivant.worker.quality.eval_cli import judge
 
 HELD_OUT_WAV = default_weights_dir() / "data" / "held_out.wav"
 

@@ -7,8 +7,8 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from vivant.worker.config import ModelConfig
-from vivant.worker.lipsync import lagged_correlation, lip_sync, mouth_opening, psnr, ssim
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.quality.lipsync import lagged_correlation, lip_sync, mouth_opening, psnr, ssim
 from vivant.worker.train.dataset import clip_from_audio, render_faces, session_audio
 
 CFG = ModelConfig.from_name("ref")

@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from vivant.worker.config import ModelConfig
+from vivant.worker.model.config import ModelConfig
 from vivant.worker.train.cli import default_data_path
 from vivant.worker.train.dataset import (
     HELD_OUT_WORDS,

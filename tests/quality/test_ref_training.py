@@ -11,14 +11,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from vivant.cli import main
-from vivant.worker.config import ModelConfig
-from vivant.worker.kv_cache import KVCache, StepState
-from vivant.worker.model import VideoDiT, init_random_
-from vivant.worker.positions import RingLayout, chunk_positions, sink_positions
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.kv_cache import KVCache, StepState
+from vivant.worker.model.model import VideoDiT, init_random_
+from vivant.worker.model.positions import RingLayout, chunk_positions, sink_positions
+from vivant.worker.model.weights import load_weights
+from vivant.worker.stream.vae import VAEConfig, load_vae_decoder
 from vivant.worker.train.common import _write_safetensors
 from vivant.worker.train.train_dit import sequence_velocity, stream_mask, stream_positions
-from vivant.worker.vae import VAEConfig, load_vae_decoder
-from vivant.worker.weights import load_weights
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

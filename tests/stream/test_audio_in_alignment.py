@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from vivant.worker.audio_in import AudioBufferFull, AudioInConfig, AudioInput, SampleRateError
-from vivant.worker.config import ModelConfig
-from vivant.worker.pacer import FakeClock
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.stream.audio_in import AudioBufferFull, AudioInConfig, AudioInput, SampleRateError
+from vivant.worker.stream.pacer import FakeClock
 
 CFG = ModelConfig.from_name("tiny")
 SR = CFG.audio_sample_rate

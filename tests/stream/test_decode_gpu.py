@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 from vivant.cli import main
-from vivant.worker.decoder_stage import DecoderStage, LatentChunk
-from vivant.worker.vae import build_vae_decoder
+from vivant.worker.stream.decoder_stage import DecoderStage, LatentChunk
+from vivant.worker.stream.vae import build_vae_decoder
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

@@ -51,7 +51,7 @@ def test_bench_decode_prints_json_with_decode_and_two_stage_timings(capsys):
 
 
 def test_demo_without_espeak_ng_fails_with_a_clear_error(tmp_path, monkeypatch):
-    import vivant.worker.demo as demo
+    import vivant.worker.stream.demo as demo
 
     monkeypatch.setattr(demo.shutil, "which", lambda name: None)
     with pytest.raises(SystemExit, match="espeak-ng not found; install it .* or pass --wav FILE"):

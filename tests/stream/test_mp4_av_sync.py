@@ -10,8 +10,8 @@ from __future__ import annotations
 import av
 import numpy as np
 import pytest
-from vivant.worker.pacer import DecodedChunk, FakeClock, Pacer, PacerConfig
-from vivant.worker.sinks import FrameSink, Mp4Sink, NullSink
+from vivant.worker.stream.pacer import DecodedChunk, FakeClock, Pacer, PacerConfig
+from vivant.worker.stream.sinks import FrameSink, Mp4Sink, NullSink
 
 W, H = 64, 48
 MARK = 30  # generated frame index of the marker (chunk 7, frame 2)

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from vivant.worker.pacer import DecodedChunk, FakeClock, Pacer, PacerConfig, PacerFull
+from vivant.worker.stream.pacer import DecodedChunk, FakeClock, Pacer, PacerConfig, PacerFull
 
 FPS, FPC = 24, 4
 

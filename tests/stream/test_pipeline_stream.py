@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 from prometheus_client import CollectorRegistry
-from vivant.worker.config import ModelConfig
-from vivant.worker.decoder_stage import DecoderStage, LatentChunk
-from vivant.worker.generator import ChunkGenerator
-from vivant.worker.metrics import WorkerMetrics
-from vivant.worker.pipeline import StreamPipeline
-from vivant.worker.vae import LatentShapeError, VAEConfig, VAEDecoder, build_vae_decoder
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.serving.metrics import WorkerMetrics
+from vivant.worker.stream.decoder_stage import DecoderStage, LatentChunk
+from vivant.worker.stream.pipeline import StreamPipeline
+from vivant.worker.stream.vae import LatentShapeError, VAEConfig, VAEDecoder, build_vae_decoder
 
 CFG = ModelConfig.from_name("tiny")
 SR = CFG.audio_sample_rate

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from vivant.worker.config import ModelConfig
-from vivant.worker.vae import (
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.stream.vae import (
     CheckpointMismatchError,
     LatentShapeError,
     VAEConfig,

@@ -1,9 +1,9 @@
-"""The GEMM fused with the tensor-parallel all-reduce (worker/fused_tp.py), on CPU with gloo, in spawned
+"""The GEMM fused with the tensor-parallel all-reduce (worker/model/fused_tp.py), on CPU with gloo, in spawned
 processes (one per rank) at world sizes 2 and 4.
 
 Per world size one spawn checks, on every rank:
-* one projection: the chunked-overlap module (1, 3 and more chunks than rows) and the symmetric-memory
-  path's column scatter + all-gather (on CPU, torch's reference of `symm_mem::fused_matmul_reduce_scatter`;
+* one projection: the fused step over the float `Linear` with chunked overlap (1, 3 and more chunks than rows)
+  and `auto`, and the symmetric-memory path's column scatter + all-gather (on CPU, torch's reference of `symm_mem::fused_matmul_reduce_scatter`;
   the CUDA kernel itself needs GPUs) equal `AllReduce(linear(x))` within float tolerance;
 * the tiny model, TP-sharded, over 6 chunks: unfused throughout, fused throughout, and the flag flipped
   on at chunk 2 and off at chunk 4 through `ChunkGenerator.apply_flags` (the same swap the worker makes at
@@ -20,17 +20,18 @@ import numpy as np
 import pytest
 import torch
 from gloo_ranks import run_ranks
-from vivant.worker.config import ModelConfig
-from vivant.worker.fused_tp import (
+from vivant.apis.feature_flags import FlagValues
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.fused_tp import (
+    FusedGemmAllReduce,
     FusedMethod,
-    FusedRowParallel,
-    row_parallel_path,
-    set_row_parallel_path,
+    GemmThenAllReduce,
     symm_mem_matmul_all_reduce,
 )
-from vivant.worker.generator import ChunkGenerator
-from vivant.worker.model import VideoDiT, init_random_
-from vivant.worker.tp import AllReduce, apply_tensor_parallel
+from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.model import Linear, VideoDiT, init_random_
+from vivant.worker.model.options import RowParallelPath
+from vivant.worker.model.tp import AllReduce, apply_tensor_parallel
 
 CHUNKS = 6
 SWITCH = {2: True, 4: False}  # chunk index → fusedGemmAllReduce from that chunk on
@@ -51,7 +52,7 @@ def run_session(cfg, model, schedule) -> tuple[torch.Tensor, list[str]]:
     out, paths, fused = [], [], False
     for n in range(CHUNKS):
         fused = schedule.get(n, fused)
-        paths.append(gen.apply_flags({"fusedGemmAllReduce": fused}))
+        paths.append(gen.apply_flags(FlagValues(fusedGemmAllReduce=fused)).value)
         out.append(gen.generate_chunk(audio(cfg, n), cfg.audio_sample_rate).latents)
     return torch.stack(out), paths
 
@@ -60,17 +61,17 @@ def _rank_body(rank: int, world: int, out_dir: str) -> None:
     result = {}
     # one projection: x [51 tokens, K_local], weight [N = 64, K_local], different data on every rank
     g = torch.Generator().manual_seed(100 + rank)
-    linear = torch.nn.Linear(32 // world, 64, bias=False).requires_grad_(False)  # inference weights, as tp.py leaves them
+    linear = Linear(32 // world, 64, bias=False).requires_grad_(False)  # inference weights, as tp.py leaves them
     with torch.no_grad():
         linear.weight.copy_(torch.randn(64, 32 // world, generator=g))
     x = torch.randn(51, 32 // world, generator=g)
     unfused = AllReduce()(linear(x))
     for label, method, chunks in (("overlap1", "chunked_overlap", 1), ("overlap3", "chunked_overlap", 3),
                                   ("overlap64", "chunked_overlap", 64), ("auto", "auto", 4)):
-        fused = FusedRowParallel(linear, AllReduce(), method=method, chunks=chunks)
-        result[label] = rel(fused(x), unfused)
+        fused = FusedGemmAllReduce(method, chunks)
+        result[label] = rel(fused(x, linear, AllReduce()), unfused)
     result["symm_mem_reference"] = rel(symm_mem_matmul_all_reduce(x, linear.weight, None), unfused)
-    result["leading_dims"] = rel(FusedRowParallel(linear, AllReduce(), method="chunked_overlap")(x.view(3, 17, -1)),
+    result["leading_dims"] = rel(FusedGemmAllReduce("chunked_overlap")(x.view(3, 17, -1), linear, AllReduce()),
                                  unfused.view(3, 17, -1))
 
     # the tiny model: unfused, fused, switched at chunk boundaries
@@ -79,8 +80,8 @@ def _rank_body(rank: int, world: int, out_dir: str) -> None:
     lat_unfused, paths_unfused = run_session(cfg, model, {0: False})
     lat_fused, paths_fused = run_session(cfg, model, {0: True})
     lat_switched, paths_switched = run_session(cfg, model, {0: False, **SWITCH})
-    assert set_row_parallel_path(model, fused=False) == "gemm_then_all_reduce"
-    assert row_parallel_path(model) == "gemm_then_all_reduce"
+    assert model.set_row_parallel_path(fused=False) is RowParallelPath.UNFUSED
+    assert model.row_parallel_step == GemmThenAllReduce()
     result.update(lat_unfused=lat_unfused, lat_fused=lat_fused, lat_switched=lat_switched,
                   paths_unfused=paths_unfused, paths_fused=paths_fused, paths_switched=paths_switched)
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -92,7 +93,7 @@ def tp1_reference():
     cfg = ModelConfig.from_name("tiny")
     model = init_random_(VideoDiT(cfg), seed=11)
     lat, paths = run_session(cfg, model, {0: True})  # the flag on at TP = 1: nothing to fuse
-    assert paths == ["no_tp"] * CHUNKS, f"TP = 1 paths: {paths}"
+    assert paths == [RowParallelPath.NO_TP] * CHUNKS, f"TP = 1 paths: {paths}"
     return lat
 
 
@@ -141,19 +142,19 @@ def test_sharded_fused_model_equals_tp1(world_results, tp1_reference):
 
 
 def test_in_switch_method_is_a_design_slot_that_refuses():
-    linear = torch.nn.Linear(8, 8, bias=False)
     with pytest.raises(NotImplementedError, match="in_switch.*not allowed.*symm_mem"):
-        FusedRowParallel(linear, AllReduce(), method=FusedMethod.IN_SWITCH)
+        FusedGemmAllReduce(FusedMethod.IN_SWITCH)
+    model = VideoDiT(ModelConfig.from_name("tiny"))
     with pytest.raises(NotImplementedError, match="design slot"):
-        set_row_parallel_path(VideoDiT(ModelConfig.from_name("tiny")), fused=True, method="in_switch")
+        model.set_row_parallel_path(fused=True, method="in_switch")
+    assert model.row_parallel_step == GemmThenAllReduce(), "a refused swap changed the step"
 
 
 def test_bad_method_and_chunks_are_refused_with_the_field():
-    linear = torch.nn.Linear(8, 8, bias=False)
     with pytest.raises(ValueError, match=r"fused method = 'nvls'; expected one of \['auto', 'symm_mem'"):
-        FusedRowParallel(linear, AllReduce(), method="nvls")
-    with pytest.raises(ValueError, match="FusedRowParallel.chunks = 0; expected a positive integer"):
-        FusedRowParallel(linear, AllReduce(), chunks=0)
+        FusedGemmAllReduce("nvls")
+    with pytest.raises(ValueError, match="FusedGemmAllReduce.chunks = 0; expected a positive integer"):
+        FusedGemmAllReduce(chunks=0)
 
 
 def test_symm_mem_path_refuses_when_multicast_is_not_disabled(monkeypatch):
@@ -164,6 +165,6 @@ def test_symm_mem_path_refuses_when_multicast_is_not_disabled(monkeypatch):
 
 def test_flag_at_tp1_leaves_the_model_alone():
     model = VideoDiT(ModelConfig.from_name("tiny"))
-    before = [type(b.attn.o) for b in model.blocks]
-    assert set_row_parallel_path(model, fused=True) == "no_tp"
-    assert [type(b.attn.o) for b in model.blocks] == before, "TP = 1 model was changed by the fused flag"
+    assert model.set_row_parallel_path(fused=True) is RowParallelPath.NO_TP
+    assert all(m.row_parallel == GemmThenAllReduce() for b in model.blocks for m in (b.attn, b.mlp)), \
+        "TP = 1 model was given the fused step although there is nothing to fuse"

@@ -20,15 +20,20 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from ..config import ModelConfig
-from ..model import VideoDiT
-from ..ref_model import DIT_FILE, ENCODER_FILE, VAE_FILE, default_weights_dir
-from ..vae import VAEConfig
-from .common import Log, pick_device, save_tensors
-from .dataset import build_dataset, first_clips, load_dataset, render_dataset_frames, save_dataset
-from .train_dit import train_dit
-from .train_vae import encode_all, train_vae
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.model import VideoDiT
+from vivant.worker.model.ref_model import DIT_FILE, ENCODER_FILE, VAE_FILE, default_weights_dir
+from vivant.worker.stream.vae import VAEConfig
+from vivant.worker.train.common import Log, pick_device, save_tensors
+from vivant.worker.train.dataset import (
+    build_dataset,
+    first_clips,
+    load_dataset,
+    render_dataset_frames,
+    save_dataset,
+)
+from vivant.worker.train.train_dit import train_dit
+from vivant.worker.train.train_vae import encode_all, train_vae
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

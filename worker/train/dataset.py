@@ -9,7 +9,7 @@ breathing: silence or faint noise), a spoken sentence (random words, an espeak-n
     eye opening    e[f] ∈ [0, 1]  blinks every 1.5–4.5 s
     head offset    (x[f], y[f])   pixels: slow sway and breathing bob
 
-The opening is kept per frame as the ground truth of the lip-sync proxy (worker/lipsync.py).
+The opening is kept per frame as the ground truth of the lip-sync proxy (worker/quality/lipsync.py).
 
 Split of the work between machines: espeak-ng exists only here, so `build_dataset` (CPU) speaks the
 sentences and stores what training needs — the model's audio features per chunk `[A, F]` (exactly what
@@ -32,9 +32,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from ..audio_features import AudioFeaturizer
-from ..config import ModelConfig
+from vivant.worker.model.audio_features import AudioFeaturizer
+from vivant.worker.model.config import ModelConfig
 
 # Two disjoint vocabularies: training sentences use TRAIN_WORDS, held-out evaluation sentences HELD_OUT_WORDS.
 TRAIN_WORDS = (

@@ -1,6 +1,6 @@
 """The VAE encoder of the `ref` character: one chunk of 4 RGB frames → one latent frame.
 
-Why this shape: the decoder (worker/vae.py) turns one latent frame into 4 frames causally; the encoder
+Why this shape: the decoder (worker/stream/vae.py) turns one latent frame into 4 frames causally; the encoder
 only runs in training (and in evaluation, to encode ground truth), so it can see the whole chunk at once:
 the 4 frames are stacked on channels `[B, 3·4, H, W]` and downsampled by stride-2 convolutions to
 `[B, C, H/8, W/8]` (8× for `ref`: 96×96 → 12×12, C = 8). The latent of chunk n depends only on chunk n's
@@ -13,8 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from ..vae import VAEConfig
+from vivant.worker.stream.vae import VAEConfig
 
 
 class _Res(nn.Module):

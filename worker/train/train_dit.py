@@ -1,6 +1,6 @@
 """Train the `ref` VideoDiT with teacher-forced context that has exactly the ring cache's semantics.
 
-What the cache holds at inference (worker/generator.py, worker/kv_cache.py): every pass rewrites the
+What the cache holds at inference (worker/model/generator.py, worker/model/kv_cache.py): every pass rewrites the
 chunk's K/V, so after a chunk the cache keeps the K/V of its LAST pass — the chunk's latent at
 σ_last = sigmas[-1] = 0.25 (after three Euler steps), embedded with timestep σ_last, attending its own
 context. A later chunk attends those K/V (sink when valid, the window, itself).
@@ -35,11 +35,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from vivant.kernels.rope import rope_angles
-
-from ..config import ModelConfig
-from ..model import VideoDiT, init_random_, timestep_embedding
-from ..positions import RingLayout, chunk_positions
-from .common import Budget, Log, sample_windows
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.model import VideoDiT, init_random_, layer_norm, timestep_embedding
+from vivant.worker.model.positions import RingLayout, chunk_positions
+from vivant.worker.train.common import Budget, Log, sample_windows
 
 LR = 5e-4  # peak AdamW learning rate (warm-up 200 steps, cosine over the time budget)
 
@@ -97,7 +96,7 @@ def sequence_velocity(model: VideoDiT, latents: torch.Tensor, sigmas: torch.Tens
     attn_mask = mask.to(latents.device)
     for blk in model.blocks:
         s1, c1, g1, s2, c2, g2 = (mod + blk.mod_table).unbind(3)
-        h = blk.norm1(x) * (1 + c1) + s1
+        h = layer_norm(x, cfg.norm_eps) * (1 + c1) + s1
         qkv = blk.attn.qkv(h).view(B, L2 * T, 3, H, D)
         q, k, v = qkv.unbind(2)
         q = _rope(blk.attn.q_norm(q), cos, sin).to(v.dtype)  # attention in the projections' dtype (bf16 under
@@ -105,7 +104,7 @@ def sequence_velocity(model: VideoDiT, latents: torch.Tensor, sigmas: torch.Tens
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask)
         o = blk.attn.o(o.transpose(1, 2).reshape(B, L2, T, H * D))
         x = x + g1 * o
-        x = x + g2 * blk.mlp(blk.norm2(x) * (1 + c2) + s2)
+        x = x + g2 * blk.mlp(layer_norm(x, cfg.norm_eps) * (1 + c2) + s2)
     shift, scale = model.final_mod(F.silu(temb)).view(B, L2, 1, 2, d).unbind(3)
     x = model.final_norm(x) * (1 + scale) + shift
     out = model.out(x[:, :, : cfg.video_tokens])  # [B, L2, gh·gw, C·p·p]

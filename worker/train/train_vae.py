@@ -1,4 +1,4 @@
-"""Train the `ref` VAE: ChunkEncoder (train/encoder.py) + the causal VAEDecoder of worker/vae.py.
+"""Train the `ref` VAE: ChunkEncoder (train/encoder.py) + the causal VAEDecoder of worker/stream/vae.py.
 
 Objective per window of K chunks (4·K frames, inside one clip): pixel MSE of decode(encode(x) + ε) against
 x, weighted ×8 in the mouth box and ×3 in the eye band (the parts that move and that the lip-sync proxy
@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
-from ..vae import VAEConfig, VAEDecoder
-from .common import Budget, Log, sample_windows
-from .dataset import LOOK, mouth_box
-from .encoder import ChunkEncoder
+from vivant.worker.stream.vae import VAEConfig, VAEDecoder
+from vivant.worker.train.common import Budget, Log, sample_windows
+from vivant.worker.train.dataset import LOOK, mouth_box
+from vivant.worker.train.encoder import ChunkEncoder
 
 
 def loss_weights(cfg: VAEConfig, device) -> torch.Tensor:

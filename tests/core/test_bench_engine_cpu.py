@@ -1,0 +1,33 @@
+"""The GPU benchmarks' engine plumbing on CPU at the tiny shapes: `bench/gpu_step.build_rank` (one TP rank built block
+by block, its projections quantized to FP8 as they are built) and the engines `bench/gpu_step.py` and
+`bench/gpu_tune.py` put on it run chunks through the unified engine (FP8 parts, eager here; the GPU runs add CUDA
+graphs). The timings themselves are GPU-only (docs/BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import torch
+from vivant.bench.gpu_step import _audio, build_rank
+from vivant.bench.gpu_tune import engine as tune_engine
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.engine import Engine
+from vivant.worker.model.fast_parts import Fp8Linear
+from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.options import AttentionBackend, CacheMode, EngineOptions
+
+CFG = ModelConfig.from_name("tiny")
+
+
+def _chunks(engine: Engine, mode: CacheMode, n: int = 3) -> torch.Tensor:
+    gen = ChunkGenerator(CFG, mode=mode, device="cpu", dtype=torch.bfloat16, engine=engine, seed=1)
+    return torch.stack([gen.generate_chunk(_audio(CFG, i), CFG.audio_sample_rate).latents for i in range(n)])
+
+
+def test_an_fp8_rank_built_block_by_block_runs_on_the_unified_engine():
+    model = build_rank(CFG, 2, 0, keep_bf16=False, device="cpu")
+    assert all(type(getattr(b.attn, n)) is Fp8Linear for b in model.blocks for n in ("qkv", "o")), \
+        "build_rank(keep_bf16=False) should leave FP8 projections only"
+    ring = _chunks(Engine.build(model, EngineOptions(fp8=True)), CacheMode.OPTIMIZED)
+    base = _chunks(tune_engine(model, AttentionBackend.TORCH, fast_accum=False, graphs=False), CacheMode.BASELINE)
+    assert bool(torch.isfinite(ring).all()) and bool(torch.isfinite(base).all())
+    err = float((ring - base).norm() / base.norm())
+    assert err < 0.05, f"the rank's ring vs baseline cache on the same FP8 weights: relative RMS {err:.3e}"

@@ -1,0 +1,177 @@
+"""What runs a chunk's denoising passes: a `VideoDiT` with the parts `EngineOptions` chose, eagerly or replayed
+from CUDA graphs (`Engine`), and the generator a worker serves with (`build_generator`, `vivant worker --engine`).
+
+  model  EngineOptions.reference(): the float parts — the model as defined, any device and cache mode.
+  fast   EngineOptions.served(device): the FP8 parts (worker/model/fast_parts.py) over the same weights; on CUDA
+         bf16 weights, image attention with split-KV, fast accumulation and CUDA graphs; on a CPU the kernels'
+         float32 twins, eagerly (tests). Needs the optimized (ring) cache.
+  auto   fast on CUDA with the optimized cache, else model.
+
+`Engine` adds no forward of its own: eagerly it calls `VideoDiT.forward` (float parts) or `modulation` +
+`denoise`; with `cuda_graphs` it captures `denoise` once per (cache, all-slots-valid) and replays it, every
+input copied first into static buffers (the chunk's positions live in the cache's `StepBuffers`). The host
+never reads device memory between passes (that would make it wait for each pass before launching the next).
+The modulation of each noise level is a pure function of sigma; with fixed FP8 weights it is computed once per
+level. Chunk 0 (which also writes the sink) and baseline-cache passes run eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from vivant.worker.model.options import (
+    AttentionBackend,
+    CacheMode,
+    EngineName,
+    EngineOptions,
+    RowParallelPath,
+    engine_options,
+    parse_choice,
+)
+
+if TYPE_CHECKING:
+    from vivant.worker.model.config import ModelConfig
+    from vivant.worker.model.fused_tp import FusedMethod
+    from vivant.worker.model.generator import ChunkGenerator
+    from vivant.worker.model.kv_cache import KVCache
+    from vivant.worker.model.model import VideoDiT
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    """Runs `model` (whose parts `install_parts(model, options)` installed) one pass at a time:
+    `engine(latents [C, h, w], sigma, feats [A, F], cache) -> velocity [C, h, w]`, VideoDiT's signature."""
+
+    def __init__(self, model: VideoDiT, options: EngineOptions) -> None:
+        device = next(model.parameters()).device
+        if options.cuda_graphs and device.type != "cuda":
+            raise ValueError(f"EngineOptions.cuda_graphs = True needs the model on a CUDA device, got {device}")
+        self.model, self.options, self.device = model, options, device
+        self.cfg = model.cfg
+        self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._static: dict[str, torch.Tensor] | None = None
+        self._mods: dict[float, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.graph_replays = 0
+        self.eager_calls = 0
+        self.row_parallel_path = model.set_row_parallel_path(fused=False)
+
+    @classmethod
+    def build(cls, model: VideoDiT, options: EngineOptions, *, inplace: bool = False) -> Engine:
+        """Install `options`' parts into `model` (or a fork of it, worker/model/fast_parts.py) and wrap it."""
+        from vivant.worker.model.fast_parts import install_parts
+
+        return cls(install_parts(model, options, inplace=inplace), options)
+
+    @property
+    def local_heads(self) -> int:
+        return self.model.blocks[0].attn.local_heads
+
+    # ---- the row-parallel step (between chunks only) ---------------------------------------------------
+    def set_row_parallel_path(self, *, fused: bool, method: str | FusedMethod | None = None,
+                              chunks: int = 4) -> RowParallelPath:
+        """Swap the O/down step (VideoDiT.set_row_parallel_path); a change drops the captured CUDA graphs (they hold
+        the old step's kernels and collectives), so the next pass captures the new one. Returns the path."""
+        before = self.model.row_parallel_step
+        kw = {} if method is None else {"method": method}
+        path = self.model.set_row_parallel_path(fused=fused, chunks=chunks, **kw)
+        if self.model.row_parallel_step != before and self._graphs:
+            log.info("row-parallel step now %s: dropping %d captured CUDA graph(s)", path.value, len(self._graphs))
+            self._graphs.clear()
+        self.row_parallel_path = path
+        return path
+
+    # ---- one pass ----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def __call__(self, latents: torch.Tensor, sigma: float, feats: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        if not self.options.fp8:
+            self.eager_calls += 1
+            return self.model(latents, sigma, feats, cache)
+        if cache.mode is CacheMode.OPTIMIZED:
+            if not cache.fp8:
+                raise ValueError("the FP8 parts read an FP8 ring: KVCache(fp8=True) with the optimized mode")
+            if self.options.attention is AttentionBackend.IMAGE:
+                cache.enable_read_image(torch.bfloat16)  # the FP8 GEMMs write bf16 q, k, v
+        mods, final = self._modulation(sigma)
+        step = cache.step
+        if not self.options.cuda_graphs or cache.mode is CacheMode.BASELINE or step.writes_sink:
+            self.eager_calls += 1
+            return self.model.denoise(latents, feats, mods, final, cache)
+        s = self._fill(latents, feats, mods, final)
+        key = (id(cache.k), step.all_valid)
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(s, cache)
+        graph, out = self._graphs[key]
+        graph.replay()
+        self.graph_replays += 1
+        return out.clone()
+
+    def _modulation(self, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """VideoDiT.modulation(sigma), computed once per level: a session has `passes` of them; the bound only
+        guards against a caller sweeping sigma."""
+        hit = self._mods.get(sigma)
+        if hit is None:
+            if len(self._mods) >= 32:
+                self._mods.pop(next(iter(self._mods)))
+            hit = self._mods[sigma] = self.model.modulation(sigma)
+        return hit
+
+    def _fill(self, latents, feats, mods, final) -> dict[str, torch.Tensor]:
+        if self._static is None:
+            cfg, dev = self.cfg, self.device
+            self._static = {"lat": torch.empty(cfg.latent_channels, cfg.latent_h, cfg.latent_w, device=dev),
+                            "feats": torch.empty(cfg.audio_tokens, cfg.audio_feature_dim, device=dev),
+                            "mods": torch.empty_like(mods), "final": torch.empty_like(final)}
+        s = self._static
+        s["lat"].copy_(latents)
+        s["feats"].copy_(feats[: self.cfg.audio_tokens])
+        s["mods"].copy_(mods)
+        s["final"].copy_(final)
+        return s
+
+    def _capture(self, s: dict[str, torch.Tensor], cache: KVCache):
+        def run() -> torch.Tensor:
+            return self.model.denoise(s["lat"], s["feats"], s["mods"], s["final"], cache)
+
+        side = torch.cuda.Stream(device=self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm-up: kernel compilation, autotuning, cuBLAS handles, symm-mem workspaces
+                run()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = run()
+        log.info("captured a CUDA graph of one denoising pass (%d layers)", self.cfg.n_layers)
+        return graph, out
+
+
+def build_generator(cfg: ModelConfig, *, mode: CacheMode | str = CacheMode.OPTIMIZED,
+                    device: str | torch.device = "cpu", seed: int = 0, weights: str | Path | None = None,
+                    engine: EngineName | str = EngineName.AUTO, model: VideoDiT | None = None) -> ChunkGenerator:
+    """A `ChunkGenerator` for `cfg` running the engine `engine` names (module docstring). `model`: already built
+    (e.g. a tensor-parallel shard, worker/model/tp.py); default random weights of the preset (`seed`), or the
+    safetensors checkpoint `weights`."""
+    from vivant.kernels.fp8_gemm import prefer_static_gemm_schedule
+    from vivant.worker.model.generator import ChunkGenerator
+    from vivant.worker.model.model import VideoDiT, init_random_
+    from vivant.worker.model.weights import load_weights
+
+    dev = torch.device(device)
+    mode = parse_choice(CacheMode, mode, "mode")
+    options = engine_options(engine, dev, mode)
+    log.info("engine %s -> %s on %s (mode %s)", EngineName(engine).value, options, dev, mode.value)
+    cuda = dev.type == "cuda"
+    if cuda and options.fp8:  # before the first cuBLASLt GEMM of this process (kernels/fp8_gemm.py says why)
+        log.info("cuBLASLt workspace %s KiB", prefer_static_gemm_schedule())
+    if model is None:
+        model = init_random_(VideoDiT(cfg), seed=seed)
+        if weights is not None:
+            load_weights(model, weights)
+    dtype = torch.bfloat16 if cuda and options.fp8 else torch.float32
+    model = model.to(device=dev, dtype=dtype).eval()
+    return ChunkGenerator(cfg, mode=mode, device=dev, dtype=dtype, seed=seed,
+                          engine=Engine.build(model, options, inplace=True))

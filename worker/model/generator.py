@@ -1,0 +1,128 @@
+"""The chunk loop: audio in, latents out, `passes` denoising passes per chunk over a ring KV cache.
+
+Sampler: rectified flow. A chunk starts from Gaussian noise (seeded per session and chunk, so runs
+repeat) at sigma = sigmas[0] = 1 and takes one Euler step per pass, x ← x + (σ_next − σ)·v, ending at
+σ = 0. Every pass writes the chunk's K/V into its ring slots (the last pass's stay), so 4 passes =
+4 attention calls per layer per chunk, as in the reference system (60 layers × 4 = 240 calls).
+
+Before a chunk whose temporal index would reach `t_limit`, the position frame shifts back by
+Δ = t_limit − W and cached window keys are delta-rotated once (see worker/model/positions.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from vivant.apis.feature_flags import FlagValues
+from vivant.worker.model.audio_features import AudioFeaturizer
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.engine import Engine
+from vivant.worker.model.kv_cache import KVCache, StepState
+from vivant.worker.model.model import VideoDiT, init_random_
+from vivant.worker.model.options import CacheMode, EngineOptions, RowParallelPath, parse_choice
+from vivant.worker.model.positions import PositionFrame, RingLayout, chunk_positions, sink_positions
+from vivant.worker.model.weights import load_weights
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ChunkOutput:
+    index: int
+    latents: torch.Tensor  # float32 [C, latent_h, latent_w]
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    position_t: int = 0  # the chunk's temporal index in the position frame
+    reset: bool = False  # a position reset happened before this chunk
+
+
+class ChunkGenerator:
+    """One session's chunk loop on one rank. The passes run on `engine` (worker/model/engine.py); without one, the
+    generator builds `Engine.build(model, options)` from `model` (default: random weights of `cfg`, `seed`, or
+    the checkpoint `weights`), cast to `device` and `dtype`."""
+
+    def __init__(self, cfg: ModelConfig, *, mode: CacheMode | str = CacheMode.OPTIMIZED,
+                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0,
+                 fp8: bool = True, weights: str | Path | None = None, model: VideoDiT | None = None,
+                 options: EngineOptions = EngineOptions(), engine: Engine | None = None,
+                 kernel_backend: str = "auto"):
+        self.cfg, self.mode, self.fp8 = cfg, parse_choice(CacheMode, mode, "mode"), fp8
+        self.device, self.dtype = torch.device(device), dtype
+        self.kernel_backend = kernel_backend
+        if engine is None:
+            if model is None:
+                model = init_random_(VideoDiT(cfg), seed=seed)
+                if weights is not None:
+                    load_weights(model, weights)
+            engine = Engine.build(model.to(device=self.device, dtype=dtype).eval(), options)
+        self.engine = engine
+        self.cache: KVCache | None = None
+        self.layout = RingLayout(cfg.sink_tokens, cfg.tokens_per_chunk, cfg.window_chunks)
+        self.featurize = AudioFeaturizer(sample_rate=cfg.audio_sample_rate, tokens=max(cfg.audio_tokens, 1),
+                                         features=cfg.audio_feature_dim,
+                                         nominal_samples=cfg.chunk_sample_range(0)[1])
+        self.reset_session(seed)
+
+    def apply_flags(self, flags: FlagValues) -> RowParallelPath:
+        """Between chunks only (on every TP rank at the same boundary): the `fusedGemmAllReduce` flag swaps the
+        O/down step between GEMM + all-reduce and the fused step (worker/model/fused_tp.py). Returns the path in
+        effect: fused_gemm_all_reduce, gemm_then_all_reduce, or no_tp when there is nothing to fuse (TP = 1)."""
+        return self.engine.set_row_parallel_path(fused=flags.fusedGemmAllReduce)
+
+    @property
+    def local_heads(self) -> int:
+        return self.engine.local_heads
+
+    def reset_session(self, seed: int = 0) -> None:
+        cfg = self.cfg
+        self.seed = seed
+        self.chunk = 0
+        self.frame = PositionFrame(cfg.t_limit, cfg.window_chunks)
+        if self.cache is not None:  # a warm worker keeps its preallocated cache across sessions
+            self.cache.clear()
+            return
+        self.cache = KVCache(layers=cfg.n_layers, heads=self.local_heads, head_dim=cfg.head_dim, layout=self.layout,
+                             rope_dims=cfg.rope_dims, rope_theta=cfg.rope_theta, mode=self.mode, fp8=self.fp8,
+                             device=self.device, kernel_backend=self.kernel_backend)
+
+    def noise(self, chunk: int) -> torch.Tensor:
+        g = torch.Generator(device="cpu").manual_seed(self.seed * 1_000_003 + chunk)
+        c = self.cfg
+        return torch.randn(c.latent_channels, c.latent_h, c.latent_w, generator=g).to(self.device)
+
+    @torch.no_grad()
+    def generate_chunk(self, audio: np.ndarray | torch.Tensor, sample_rate: int) -> ChunkOutput:
+        cfg, n = self.cfg, self.chunk
+        t0 = time.perf_counter()
+        feats = self.featurize(audio, sample_rate)[: cfg.audio_tokens].to(self.device)
+        reset = False
+        if self.frame.needs_reset(n):
+            delta = self.frame.reset()
+            resident = [c for c in self.layout.resident_chunks(n) if c != n]
+            slots = torch.cat([self.layout.chunk_slots(c) for c in resident]) if resident else torch.empty(0, dtype=torch.int64)
+            self.cache.shift_positions(delta, slots)
+            reset = True
+        t_cache = time.perf_counter()
+        pos_t = self.frame.t_of(n)
+        pos = chunk_positions(pos_t, cfg.grid_h, cfg.grid_w, cfg.audio_tokens)
+        state = StepState(chunk=n, pos=pos.to(self.device), slots=self.layout.chunk_slots(n),
+                          valid=self.layout.valid_mask(n),
+                          sink_pos=sink_positions(pos, cfg.sink_tokens).to(self.device) if n == 0 and cfg.sink_tokens else None)
+        self.cache.begin_chunk(state)
+        x = self.noise(n)
+        sigmas = list(cfg.sigmas) + [0.0]
+        for i in range(cfg.passes):
+            v = self.engine(x, sigmas[i], feats, self.cache)
+            x = x + (sigmas[i + 1] - sigmas[i]) * v.float()
+        self.cache.end_chunk()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t1 = time.perf_counter()
+        self.chunk += 1
+        return ChunkOutput(index=n, latents=x.float(), position_t=pos_t, reset=reset,
+                           timings_ms={"total": (t1 - t0) * 1e3, "reset": (t_cache - t0) * 1e3,
+                                       "passes": (t1 - t_cache) * 1e3})

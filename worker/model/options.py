@@ -1,0 +1,134 @@
+"""The engine's choices, each named once: which parts run a `VideoDiT` forward, and the names the worker,
+its metrics and its command line use for them.
+
+Why one frozen object: the model is defined once (worker/model/model.py); what makes a forward fast is which
+implementation of each part is installed (FP8 GEMMs, fused kernels, the ring's read-image attention, CUDA
+graphs). `EngineOptions` says which, is validated when built (a bad value names its field), and is handed to
+`install_parts` / `Engine` at construction — nothing is switched by setting attributes afterwards. The one
+thing that changes while a worker serves is the tensor-parallel row-parallel step, and it changes through the
+`fusedGemmAllReduce` flag at a chunk boundary (`Engine.set_row_parallel_path`), not through these options.
+
+Names (StrEnum, so they compare equal to the strings the CLI, Redis and Prometheus carry):
+  CacheMode        optimized (the ring: write-time RoPE + FP8, docs/ARCHITECTURE.md) | baseline (per-call
+                   whole-cache work, kept to measure against and to check numerics)
+  AttentionBackend what the FP8 parts attend with: image (cuDNN SDPA over the ring's bf16 read image, split-KV
+                   when it helps) | sdpa (whole-ring dequantization per call, then SDPA) | torch (the float32
+                   reference twin, CPU). The Triton FP8 attention kernel is not an engine choice: it measured
+                   3.5x slower than cuDNN (docs/BENCHMARKS.md) and stays in kernels/ring_attention.py for the
+                   step benchmark's component timings.
+  EngineName       `vivant worker --engine`: model (float parts: the reference forward) | fast (FP8 parts,
+                   read-image attention, CUDA graphs on a GPU) | auto (fast on CUDA with the optimized cache,
+                   else model)
+  RowParallelPath  `vivant_worker_kernel_path_info{path}`: the O/down step in effect — fused_gemm_all_reduce,
+                   gemm_then_all_reduce, or no_tp (nothing to fuse: TP = 1 or the one-GPU stand-in reduce)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Literal
+
+import torch
+
+
+class CacheMode(StrEnum):
+    OPTIMIZED = "optimized"
+    BASELINE = "baseline"
+
+
+class AttentionBackend(StrEnum):
+    IMAGE = "image"
+    SDPA = "sdpa"
+    TORCH = "torch"
+
+
+class EngineName(StrEnum):
+    AUTO = "auto"
+    FAST = "fast"
+    MODEL = "model"
+
+
+class RowParallelPath(StrEnum):
+    FUSED = "fused_gemm_all_reduce"
+    UNFUSED = "gemm_then_all_reduce"
+    NO_TP = "no_tp"
+
+
+def parse_choice(enum: type[StrEnum], value: object, field: str) -> StrEnum:
+    """`value` as a member of `enum`, or a ValueError naming `field` and the choices."""
+    try:
+        return enum(value)
+    except ValueError:
+        raise ValueError(f"{field} = {value!r}; expected one of {', '.join(m.value for m in enum)}") from None
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Which implementation of each part a forward runs (frozen; see the module docstring).
+
+    fp8         False: the float parts (bf16/float32 GEMMs, the cache's reference attention) — the model as
+                defined. True: FP8 e4m3 GEMMs with per-channel weight scales, activations quantized inside the
+                fused residual/norm/modulation and SwiGLU kernels, the ring written by the fused QKV → ring
+                kernel (chunk 0's sink included), attention per `attention`.
+    attention   the FP8 parts' attention (AttentionBackend); must be torch with the float parts.
+    kv_splits   image attention with every slot valid: the slots in this many parts per call, or "auto"
+                (`auto_kv_splits`: enough parts to fill the GPU; 1 on a CPU).
+    fast_accum  cuBLASLt FP8 fast accumulation in the four GEMMs (GPU only; the CPU twin ignores it).
+    cuda_graphs every pass after chunk 0 replayed from a captured CUDA graph (needs fp8 and a CUDA device).
+    """
+
+    fp8: bool = False
+    attention: AttentionBackend = AttentionBackend.TORCH
+    kv_splits: int | Literal["auto"] = 1
+    fast_accum: bool = False
+    cuda_graphs: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "attention", parse_choice(AttentionBackend, self.attention, "EngineOptions.attention"))
+        for name in ("fp8", "fast_accum", "cuda_graphs"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"EngineOptions.{name} = {getattr(self, name)!r}; expected True or False")
+        k = self.kv_splits
+        if k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"EngineOptions.kv_splits = {k!r}; expected an int >= 1 or 'auto'")
+        if not self.fp8:
+            if self.attention is not AttentionBackend.TORCH:
+                raise ValueError(f"EngineOptions.attention = {self.attention.value!r} needs fp8=True (the float parts "
+                                 "attend through the cache's reference attention)")
+            if self.cuda_graphs:
+                raise ValueError("EngineOptions.cuda_graphs = True needs fp8=True (the float parts are not "
+                                 "graph-capturable: they build tensors from host values per call)")
+
+    @classmethod
+    def reference(cls) -> EngineOptions:
+        """The float parts: the model as defined (engine `model`)."""
+        return cls()
+
+    @classmethod
+    def served(cls, device: str | torch.device) -> EngineOptions:
+        """The fast parts as the worker serves them (engine `fast`): on CUDA, image attention with split-KV
+        'auto', fast accumulation and CUDA graphs; on a CPU (tests), the kernels' float32 twins, eagerly."""
+        cuda = torch.device(device).type == "cuda"
+        return cls(fp8=True, attention=AttentionBackend.IMAGE if cuda else AttentionBackend.TORCH,
+                   kv_splits="auto" if cuda else 1, fast_accum=cuda, cuda_graphs=cuda)
+
+    def replace(self, **changes: object) -> EngineOptions:
+        return dataclasses.replace(self, **changes)
+
+
+def engine_options(engine: EngineName | str, device: str | torch.device, mode: CacheMode | str) -> EngineOptions:
+    """The options `vivant worker --engine` names: model → reference; fast → served (needs the optimized cache);
+    auto → fast on a CUDA device with the optimized cache, else model."""
+    engine = parse_choice(EngineName, engine, "engine")
+    mode = parse_choice(CacheMode, mode, "mode")
+    cuda = torch.device(device).type == "cuda"
+    if engine is EngineName.AUTO:
+        engine = EngineName.FAST if cuda and mode is CacheMode.OPTIMIZED else EngineName.MODEL
+    if engine is EngineName.MODEL:
+        return EngineOptions.reference()
+    if mode is not CacheMode.OPTIMIZED:
+        raise ValueError(f"engine = 'fast' needs mode = 'optimized' (an FP8 ring cache), got mode = {mode.value!r}; "
+                         "use engine = 'model' for the baseline")
+    return EngineOptions.served(device)

@@ -1,0 +1,180 @@
+"""The decoder rank: latents in from DiT rank 0, frames and audio out (docs/multi_gpu.md).
+
+It receives what rank 0 sends over the link (vivant.worker.serving.wire) and owns everything after the DiT:
+the causal VAE decoder, the pacer and the session's sinks, so the frames (9 MB per 57b chunk) never travel back.
+Per session, by `RunnerKind`:
+
+  generator  keeps the latents (`<out>/<session>/latents/chunk_NNNNN.npy`, float32 [C, h, w]) and decodes nothing;
+  pipeline   decoder stage → pacer → an MP4 on the content timeline (`<out>/<session>/video.mp4`) or a null sink
+             (vivant.worker.stream.playout), the lead limit holding rank 0 to `max_lead_chunks` ahead of playout;
+  livekit    decoder stage → the assignment's LiveKit room (vivant.worker.serving.livekit_avatar.RoomSession: the
+             avatar's AvatarRunner publishes through its AVSynchronizer at real time; the agent's speech, interrupts
+             and end reasons go to rank 0 on the status queue), held to `lead_chunks` chunks ahead of publication.
+
+With `--out`, every kind also keeps the latents it received, and the pipeline keeps its playout report
+(`<out>/<session>/playout.json`: delivered fps, stalls, per-stage p50/p99 ms). A failure inside a session (a sink that cannot
+write, a decoder error) does not stop the rank: it is reported at once on the status queue (rank 0 then ends the
+session with it as the reason), the session's remaining chunks are received and dropped, and END is answered
+with the error in the acknowledgement. A failure of the link itself ends the process (rank 0's supervisor ends
+the session).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+from vivant.worker.serving.ranks import Groups, RankSpec, RunnerKind, SessionTrace, session_dir
+from vivant.worker.serving.wire import Ack, DecoderLink, LinkMessage, Op
+from vivant.worker.stream.decoder_stage import DecoderStage, LatentChunk
+from vivant.worker.stream.pacer import DecodedChunk
+from vivant.worker.stream.playout import Playout
+from vivant.worker.stream.sinks import Mp4Sink, NullSink
+from vivant.worker.stream.vae import VAEConfig, build_vae_decoder, load_vae_decoder
+
+log = logging.getLogger(__name__)
+
+
+class DecoderRank:
+    def __init__(self, spec: RankSpec, rank: int, groups: Groups, status) -> None:  # noqa: ANN001 (mp queue)
+        self.spec, self.rank, self.status = spec, rank, status
+        self.cfg = spec.model_config()
+        self.device = spec.layout.device_of(rank)
+        self.link = DecoderLink(self.cfg, groups.link, peer=0, device=spec.layout.link_device_of(rank))
+        self.vae = None
+        if spec.runner is not RunnerKind.GENERATOR:
+            vae_cfg = VAEConfig.for_model(self.cfg)
+            self.vae = (load_vae_decoder(vae_cfg, spec.vae_weights, device=self.device) if spec.vae_weights
+                        else build_vae_decoder(vae_cfg, device=self.device))
+        self._reset()
+
+    def _reset(self) -> None:
+        self.session = 0
+        self.session_id = ""
+        self.folder: Path | None = None
+        self.playout: Playout | None = None
+        self.room = None  # a LiveKit RoomSession
+        self.stage: DecoderStage | None = None  # the LiveKit output's decoder stage (the playout has its own)
+        self.meta: dict[int, tuple] = {}  # chunk → (speech samples, ends segment, clear epoch) for the room
+        self.chunks = 0
+        self.error = ""
+        self.trace = SessionTrace(None, self.rank)
+
+    def serve(self) -> None:
+        while True:
+            m = self.link.receive()
+            if m.op is Op.SHUTDOWN:
+                return
+            if m.op is Op.BEGIN:
+                self.begin(m)
+            elif m.op is Op.CHUNK:
+                self.chunk(m)
+            elif m.op is Op.END:
+                self.link.send_ack(self.end(m))
+
+    # ---- one session --------------------------------------------------------------------------------------
+    def begin(self, m: LinkMessage) -> None:
+        self._reset()
+        payload = m.payload or {}
+        self.session, self.session_id = m.session, str(payload.get("session_id", f"session-{m.session}"))
+        self.folder = session_dir(self.spec.out_dir, self.session_id)
+        self.trace = SessionTrace(self.folder, self.rank)
+        self.trace.write(event="begin", session=m.session, session_id=self.session_id)
+        try:
+            self._open(payload)
+        except Exception as exc:  # noqa: BLE001 (the session fails, the rank stays)
+            self._fail(exc)
+
+    def _open(self, payload: dict) -> None:
+        cfg, runner = self.cfg, self.spec.runner
+        if self.folder is not None:
+            (self.folder / "latents").mkdir(exist_ok=True)
+        if runner is RunnerKind.GENERATOR:
+            return
+        if runner is RunnerKind.LIVEKIT:
+            from vivant.worker.serving.livekit_avatar import AvatarJoin, RoomSession
+
+            session = self.session
+
+            def forward(event: tuple) -> None:
+                self.status.put(("room", self.rank, session, event))
+
+            self.room = RoomSession(cfg, AvatarJoin.from_payload(payload), forward).start()
+            self.stage = DecoderStage(self.vae, self._to_room).start()
+            return
+        if self.folder is not None:
+            sinks = [Mp4Sink(self.folder / "video.mp4", cfg.width, cfg.height, cfg.fps, cfg.audio_sample_rate,
+                             timeline="content")]
+        else:
+            sinks = [NullSink()]
+        self.playout = Playout(cfg, self.vae, sinks, session=self.session_id).start()
+
+    def chunk(self, m: LinkMessage) -> None:
+        if m.session != self.session:
+            raise RuntimeError(f"decoder rank: chunk {m.chunk} of session {m.session} while session {self.session} "
+                               "is open: rank 0 and the decoder rank are out of step")
+        if self.error:
+            return  # the session failed here; rank 0 is ending it
+        try:
+            if self.folder is not None:
+                np.save(self.folder / "latents" / f"chunk_{m.chunk:05d}.npy", m.latents.cpu().numpy())
+            chunk = LatentChunk(m.chunk, m.latents.to(self.device), m.pcm,
+                                {"audio_taken": m.times[0], "diffused": m.times[1]})
+            if self.playout is not None:
+                self.playout.wait_lead(m.chunk)
+                if self.playout.failed is not None:
+                    raise RuntimeError(f"playout failed: {self.playout.failed!r}")
+                self.playout.submit(chunk)
+            elif self.room is not None:
+                self.room.wait_lead()
+                self.meta[m.chunk] = (m.speech_samples, m.ends_segment, self.room.clear_epoch)
+                self.stage.submit(chunk)
+            self.chunks += 1
+            self.trace.write(event="chunk", session=m.session, chunk=m.chunk)
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
+
+    def end(self, m: LinkMessage) -> Ack:
+        report = None
+        if self.playout is not None:
+            try:
+                self.playout.finish()
+                report = self.playout.report(self.chunks, self.playout.production_seconds(), [])
+                log.info("session %s played out: %s", self.session_id, report.format_text())
+                if self.folder is not None:
+                    (self.folder / "playout.json").write_text(json.dumps(report.to_dict(), indent=1))
+            except Exception as exc:  # noqa: BLE001
+                self._fail(exc, report=False)
+        if self.room is not None:
+            try:
+                self.stage.close()
+            except Exception as exc:  # noqa: BLE001
+                self._fail(exc, report=False)
+            try:
+                self.room.close((m.payload or {}).get("reason", ""))
+            except Exception as exc:  # noqa: BLE001
+                self._fail(exc, report=False)
+        self.trace.write(event="end", session=m.session, chunks=self.chunks, error=self.error)
+        self.trace.close()
+        ack = Ack(session=m.session, chunks=self.chunks, error=self.error)
+        if report is not None:
+            ack = Ack(session=m.session, chunks=self.chunks, frames_published=report.frames_published,
+                      generated_frames_published=report.generated_frames_published, stalls=report.stalls,
+                      repeated_frames=report.repeated_frames, error=self.error)
+        self._reset()
+        return ack
+
+    def _to_room(self, chunk: DecodedChunk) -> None:
+        """The decoder stage's thread: a decoded chunk to the room's event loop."""
+        speech, ends, epoch = self.meta.pop(chunk.index)
+        self.room.deliver(chunk.index, chunk.frames, chunk.audio, speech, ends, epoch)
+
+    def _fail(self, exc: BaseException, *, report: bool = True) -> None:
+        text = f"{type(exc).__name__}: {exc}"
+        log.error("session %s failed on the decoder rank: %s", self.session_id, text)
+        if not self.error:
+            self.error = text
+            if report:  # rank 0 polls these between chunks and ends the session with the reason
+                self.status.put(("session_error", self.rank, self.session, text))

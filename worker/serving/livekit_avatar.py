@@ -1,0 +1,362 @@
+"""The worker as a LiveKit avatar, across its ranks: the room on the decoder rank, the session's decisions on rank 0.
+
+Why this shape: `livekit-agents` already defines how a voice agent hands its TTS audio to a separate avatar
+participant (`livekit.agents.voice.avatar`): audio arrives as byte streams on topic `lk.audio_stream`, one per
+speech segment (`DataStreamAudioReceiver`); the agent interrupts with the `lk.clear_buffer` RPC; the avatar
+reports `lk.playback_started` / `lk.playback_finished` back. The framework's `AvatarRunner` wires a receiver to
+a `VideoGenerator` and publishes what the generator yields through `rtc.AVSynchronizer` (video paced at fps,
+audio in step). One room connection (the avatar's identity, from the operator's token) both receives and
+publishes, and the frames are made on the decoder rank, so the room lives there (`RoomSession`); what the DiT
+needs from it — the agent's speech, interrupts, the reasons a session ends — travels to rank 0 as small
+events (`forward`), where `RoomFeed` (vivant.worker.serving.room_feed) applies them to the session between
+chunks:
+
+    decoder rank (RoomSession, RoomVideo)                     rank 0 (RoomFeed)
+    agent speech (rtc.AudioFrame, any rate) ─ ("speech", pcm, rate) ─► AudioInput.push → chunked on the grid
+    AudioSegmentEnd                          ─ ("segment_end",)     ─► AudioInput.end_segment
+    lk.clear_buffer                          ─ ("clear",)           ─► AudioInput.clear_buffer
+    agent left / END_CALL / disconnected     ─ ("end", reason)      ─► runner.end_reason → the service ends it
+    ◄── per chunk, over the link: latents + the chunk's PCM + (speech samples, ends its segment) ──
+    decoder stage → RoomVideo.deliver: per frame an RGBA rtc.VideoFrame and, for speech, its 1/24 s of audio;
+    AudioSegmentEnd after a segment's last chunk (→ lk.playback_finished)
+
+Interrupts: `RoomVideo.clear_buffer` drops the speech queued for publication (the video stays) and mutes every
+chunk already on its way (a clear epoch), so no speech sample is heard after the interrupt; rank 0 drops the
+speech not yet taken, so the video returns to idle within the chunks in flight. `AvatarRunner` then reports
+`lk.playback_finished(interrupted=True)`.
+
+`EndWatch` ends a session for one of five reasons: the agent left the room, an `END_CALL` data message
+(`{"type": "END_CALL"}`, what hosted-avatar plugins send on agent shutdown), max duration, the CharacterSession
+deleted (the service's `EndRequest`, passed on at END), or the room disconnected. `RoomSession`'s server-facing
+parts are three methods (`_connect`, `_audio_receiver`, `_avatar_runner`), so tests run everything else with
+real SDK objects and no server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+import numpy as np
+from livekit import rtc
+from livekit.agents.voice.avatar import (
+    AudioSegmentEnd,
+    AvatarOptions,
+    AvatarRunner,
+    DataStreamAudioReceiver,
+    VideoGenerator,
+)
+from vivant.worker.serving.room_feed import RoomEvent
+from vivant.worker.stream.audio_in import ChunkGrid
+from vivant.worker.stream.livekit_sink import pcm_to_audio_frame, rgb_to_video_frame
+
+log = logging.getLogger(__name__)
+
+END_CALL_TYPE = "END_CALL"
+
+
+class EndReason(StrEnum):
+    AGENT_LEFT = "AgentLeft"
+    END_CALL = "EndCall"
+    MAX_DURATION = "MaxDuration"
+    DELETED = "Deleted"
+    DISCONNECTED = "RoomDisconnected"
+
+
+class VideoGrid(ChunkGrid, Protocol):
+    fps: int
+    frames_per_chunk: int
+    width: int
+    height: int
+    audio_sample_rate: int
+
+
+def audio_frame_to_mono(frame: rtc.AudioFrame) -> np.ndarray:
+    """int16 interleaved PCM of an `rtc.AudioFrame` -> float32 mono in [-1, 1] (channels averaged)."""
+    pcm = np.frombuffer(frame.data, dtype=np.int16).astype(np.float32) / 32768.0
+    ch = frame.num_channels
+    if ch > 1:
+        pcm = pcm.reshape(-1, ch).mean(axis=1)
+    return pcm
+
+
+# ------------------------------------------------------------------------------------------ the decoder rank
+
+
+@dataclass
+class VideoStats:
+    chunks: int = 0
+    speech_chunks: int = 0
+    video_frames: int = 0
+    audio_samples_out: int = 0
+    clears: int = 0
+    speech_samples_after_clear: int = 0  # speech published after the latest clear_buffer (should be 0)
+    chunk_sizes: list[int] = field(default_factory=list)
+
+
+class RoomVideo(VideoGenerator):
+    """The avatar's `VideoGenerator` on the decoder rank (module docstring): the agent's audio is forwarded to
+    rank 0; decoded chunks come in with `deliver` (on the event loop) and are read by the `AvatarRunner`."""
+
+    def __init__(self, grid: VideoGrid, forward: Callable[[RoomEvent], None]) -> None:
+        self.grid, self.forward = grid, forward
+        self.stats = VideoStats()
+        self._ready: asyncio.Queue[rtc.VideoFrame | rtc.AudioFrame | AudioSegmentEnd | None] = asyncio.Queue()
+        self._clear_epoch = 0
+
+    async def push_audio(self, frame: rtc.AudioFrame | AudioSegmentEnd) -> None:
+        if isinstance(frame, AudioSegmentEnd):
+            self.forward(("segment_end",))
+        else:
+            self.forward(("speech", audio_frame_to_mono(frame), frame.sample_rate))
+
+    def clear_buffer(self) -> None:
+        self.forward(("clear",))
+        self._clear_epoch += 1
+        self.stats.clears += 1
+        self.stats.speech_samples_after_clear = 0
+        kept = []  # delivered but not yet published: keep the video, drop the speech
+        while not self._ready.empty():
+            item = self._ready.get_nowait()
+            if not isinstance(item, rtc.AudioFrame | AudioSegmentEnd):
+                kept.append(item)
+        for item in kept:
+            self._ready.put_nowait(item)
+
+    def close(self) -> None:
+        self._ready.put_nowait(None)
+
+    @property
+    def clear_epoch(self) -> int:
+        return self._clear_epoch
+
+    def queued_items(self) -> int:
+        return self._ready.qsize()
+
+    def deliver(self, index: int, frames: np.ndarray, pcm: np.ndarray, speech_samples: int, ends_segment: bool,
+                epoch: int) -> None:
+        """On the event loop: queue chunk `index`'s frames uint8 [frames_per_chunk, H, W, 3] and, for speech, each
+        frame's 1/24 s of `pcm` — muted when an interrupt landed since `epoch` (taken when the chunk arrived)."""
+        g = self.grid
+        if frames.shape != (g.frames_per_chunk, g.height, g.width, 3):
+            raise ValueError(f"decoded frames: expected [{g.frames_per_chunk}, {g.height}, {g.width}, 3], "
+                             f"got {list(frames.shape)}")
+        rate = g.audio_sample_rate
+        current = epoch == self._clear_epoch
+        speech = speech_samples > 0 and current
+        self.stats.chunks += 1
+        self.stats.speech_chunks += int(speech_samples > 0)
+        self.stats.chunk_sizes.append(len(pcm))
+        start, _ = g.chunk_sample_range(index)
+        for j in range(g.frames_per_chunk):
+            self._ready.put_nowait(rgb_to_video_frame(frames[j]))
+            self.stats.video_frames += 1
+            f = index * g.frames_per_chunk + j  # this frame's sample span on the grid
+            a0, a1 = f * rate // g.fps - start, (f + 1) * rate // g.fps - start
+            if speech:
+                piece = pcm[a0:a1]
+                self.stats.audio_samples_out += len(piece)
+                if self.stats.clears:
+                    self.stats.speech_samples_after_clear += int(np.count_nonzero(piece))
+                self._ready.put_nowait(pcm_to_audio_frame(piece, rate))
+        if ends_segment and current:
+            self._ready.put_nowait(AudioSegmentEnd())
+
+    def __aiter__(self) -> AsyncIterator[rtc.VideoFrame | rtc.AudioFrame | AudioSegmentEnd]:
+        return self._from_queue()
+
+    async def _from_queue(self) -> AsyncIterator[rtc.VideoFrame | rtc.AudioFrame | AudioSegmentEnd]:
+        while True:
+            item = await self._ready.get()
+            if item is None:
+                return
+            yield item
+
+
+class EndWatch:
+    """Collects the first reason to end a session; `wait` returns it (or MaxDuration at the deadline).
+    `on_end(reason)` runs once, when the first reason is set."""
+
+    def __init__(self, agent_identity: str, on_end: Callable[[EndReason], None] | None = None) -> None:
+        self.agent_identity = agent_identity
+        self.on_end = on_end
+        self._done: asyncio.Future[EndReason] = asyncio.get_running_loop().create_future()
+
+    @property
+    def reason(self) -> EndReason | None:
+        return self._done.result() if self._done.done() else None
+
+    def stop(self, reason: EndReason | str) -> None:
+        if not self._done.done():
+            self._done.set_result(EndReason(reason))
+            log.info("avatar session ends: %s", EndReason(reason).value)
+            if self.on_end is not None:
+                self.on_end(EndReason(reason))
+
+    def handle_data(self, payload: bytes, sender_identity: str | None) -> None:
+        """A data message: `{"type": "END_CALL"}` from the agent (or from the server API) ends the session."""
+        if sender_identity is not None and sender_identity != self.agent_identity:
+            return
+        try:
+            msg = json.loads(payload)
+        except (ValueError, UnicodeDecodeError):
+            return  # not for us: other data messages share the channel
+        if isinstance(msg, dict) and msg.get("type") == END_CALL_TYPE:
+            self.stop(EndReason.END_CALL)
+
+    def participant_left(self, identity: str) -> None:
+        if identity == self.agent_identity:
+            self.stop(EndReason.AGENT_LEFT)
+
+    def attach(self, room: rtc.Room) -> None:
+        """Wire the room's events (real `rtc.Room` event names) to the rules above."""
+
+        @room.on("data_received")
+        def _on_data(packet: rtc.DataPacket) -> None:
+            sender = packet.participant.identity if packet.participant is not None else None
+            self.handle_data(packet.data, sender)
+
+        @room.on("participant_disconnected")
+        def _on_left(participant: rtc.RemoteParticipant) -> None:
+            self.participant_left(participant.identity)
+
+        @room.on("disconnected")
+        def _on_disconnected(*_: Any) -> None:
+            self.stop(EndReason.DISCONNECTED)
+
+    async def wait(self, max_duration_s: float) -> EndReason:
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._done), timeout=max_duration_s)
+        except TimeoutError:
+            self.stop(EndReason.MAX_DURATION)
+            return self._done.result()
+
+
+@dataclass(frozen=True)
+class AvatarJoin:
+    """Where and as whom to join; the token is a secret (kept out of repr and logs)."""
+
+    url: str
+    token: str = field(repr=False)
+    agent_identity: str
+
+    @classmethod
+    def from_payload(cls, payload: dict) -> AvatarJoin:
+        """From rank 0's BEGIN payload (vivant.worker.serving.runtime); a ValueError names a missing field."""
+        missing = [k for k in ("livekit_url", "token", "agent_identity") if not payload.get(k)]
+        if missing:
+            raise ValueError(f"livekit session: the assignment lacks {', '.join(missing)}")
+        return cls(url=payload["livekit_url"], token=payload["token"], agent_identity=payload["agent_identity"])
+
+
+class RoomSession:
+    """One session's LiveKit room on the decoder rank (module docstring).
+
+    `start` runs an event loop in a thread, joins the room with the assignment's URL and token, and starts
+    `AvatarRunner` with `DataStreamAudioReceiver` (it waits for the agent participant) and a `RoomVideo`; every
+    room event for rank 0 goes to `forward`. `deliver` hands a decoded chunk to the loop; `wait_lead` holds the
+    caller while more than `lead_chunks` chunks wait for publication (the AVSynchronizer consumes them at real
+    time), and fails when nothing was consumed for `stall_timeout_s`. `close` leaves the room."""
+
+    def __init__(self, grid: VideoGrid, join: AvatarJoin, forward: Callable[[RoomEvent], None], *,
+                 connect_timeout_s: float = 20.0, lead_chunks: int = 3, stall_timeout_s: float = 10.0) -> None:
+        self.grid, self.join, self.forward = grid, join, forward
+        self.connect_timeout_s, self.stall_timeout_s = connect_timeout_s, stall_timeout_s
+        self.lead_items = lead_chunks * grid.frames_per_chunk * 2
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="livekit-room-loop", daemon=True)
+        self._thread.start()
+        self.room: rtc.Room | None = None
+        self.video: RoomVideo | None = None
+        self.end: EndWatch | None = None
+        self.runner: AvatarRunner | None = None
+
+    def _call(self, coro: Any, timeout: float | None = None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def start(self) -> RoomSession:
+        try:
+            self._call(self._join(), timeout=2 * self.connect_timeout_s + 5)
+        except BaseException:
+            self._stop_loop()
+            raise
+        self.forward(("joined",))
+        return self
+
+    async def _join(self) -> None:
+        room = rtc.Room()
+        end = EndWatch(self.join.agent_identity, on_end=lambda reason: self.forward(("end", reason.value)))
+        end.attach(room)
+        try:
+            await self._connect(room)
+            video = RoomVideo(self.grid, self.forward)
+            runner = self._avatar_runner(room, self._audio_receiver(room), video)
+            await asyncio.wait_for(runner.start(), self.connect_timeout_s)  # waits for the agent participant
+        except BaseException:
+            await room.disconnect()  # a session that cannot start leaves no connection behind
+            raise
+        self.room, self.end, self.video, self.runner = room, end, video, runner
+
+    # The server-facing parts (a test without a LiveKit server replaces exactly these).
+    async def _connect(self, room: rtc.Room) -> None:
+        await asyncio.wait_for(room.connect(self.join.url, self.join.token), self.connect_timeout_s)
+
+    def _audio_receiver(self, room: rtc.Room) -> Any:
+        return DataStreamAudioReceiver(room, sender_identity=self.join.agent_identity)
+
+    def _avatar_runner(self, room: rtc.Room, receiver: Any, video: RoomVideo) -> AvatarRunner:
+        return AvatarRunner(room, audio_recv=receiver, video_gen=video, options=self.avatar_options())
+
+    def avatar_options(self) -> AvatarOptions:
+        g = self.grid
+        return AvatarOptions(video_width=g.width, video_height=g.height, video_fps=float(g.fps),
+                             audio_sample_rate=g.audio_sample_rate, audio_channels=1)
+
+    # ---- the decoder rank's side ------------------------------------------------------------------------
+    @property
+    def clear_epoch(self) -> int:
+        return self.video.clear_epoch
+
+    def wait_lead(self) -> None:
+        waited_since = time.monotonic()
+        while self._call(self._queued()) > self.lead_items:
+            if self.end.reason is not None:
+                return  # rank 0 is ending the session
+            if time.monotonic() - waited_since > self.stall_timeout_s:
+                raise RuntimeError(f"published video stalled: {self.video.queued_items()} frames queued and none "
+                                   f"consumed for {self.stall_timeout_s:.0f}s")
+            time.sleep(self.grid.frames_per_chunk / self.grid.fps / 4)
+
+    async def _queued(self) -> int:
+        return self.video.queued_items()
+
+    def deliver(self, index: int, frames: np.ndarray, pcm: np.ndarray, speech_samples: int, ends_segment: bool,
+                epoch: int) -> None:
+        self.loop.call_soon_threadsafe(self.video.deliver, index, frames, pcm, speech_samples, ends_segment, epoch)
+
+    def close(self, reason: str = "") -> None:
+        """Leave the room (after the last chunk was delivered); `reason`, when it is an EndReason (the operator's
+        Deleted), is recorded as the session's (the first reason sticks)."""
+        try:
+            if self.room is not None:
+                self._call(self._leave(reason), timeout=30)
+        finally:
+            self._stop_loop()
+
+    async def _leave(self, reason: str) -> None:
+        if reason in EndReason._value2member_map_:
+            self.end.stop(reason)
+        self.video.close()
+        await self.runner.aclose()
+        await self.room.disconnect()
+
+    def _stop_loop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)

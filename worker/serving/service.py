@@ -1,0 +1,458 @@
+"""The worker's session service (rank 0 of `vivant worker`): register, load, wait for sessions, stream them.
+
+Why a long-lived warm process: loading weights and capturing graphs takes minutes, a session must
+start streaming within seconds. So the worker loads once (forms its ranks: vivant.worker.serving.runtime),
+registers in the Redis registry as warm, and then serves sessions one at a time from its inbox
+(`vivant.sessions.registry`).
+
+Per session the loop is, chunk by chunk (one chunk = `frames_per_chunk` frames, 1/6 s at 24 fps):
+  1. stop? (EndRequest in the inbox for this session, the runner's own `end_reason` (e.g. the agent left
+     the LiveKit room), max duration reached, lease lost, a worker fault, shutdown)
+  2. flags changed? (one GET of the pool's flag version) -> apply them to the runner, BETWEEN chunks
+  3. run one chunk; record which flag version it ran under
+  4. every `stats_interval_s`: report SessionStats (phase, fps, stalls, chunk p99 ms, streamed s)
+Between sessions the runner is ticked (`idle`) once per inbox poll. A heartbeat thread keeps the lease alive.
+When Redis is unreachable the session keeps streaming (every registry call is allowed to fail); when Redis
+comes back the heartbeat finds the worker unknown and re-registers it together with the session it is
+streaming, so nothing assigned is lost.
+
+The model sits behind `SessionRunner` (vivant.worker.serving.runner). How a session ends, by what the runner
+does: an `end_reason` (checked at every chunk boundary) or `SessionEnded` from `step` → `Ended` with that
+reason; `SessionInputError` → `Failed`, "bad input: …"; `SessionFailed` → `Failed` with its message; any
+other exception → `Failed`, "worker error: …"; `WorkerFault` (a rank died) → `Failed` with its reason, and
+the service stops (`exit_code` 3). Each time the runner's `end` runs and the lease is released. `fail(reason)`
+does the same from another thread (the rank supervisor's watchdog), and `abort(reason)` releases the session
+from that thread when the chunk loop cannot come back. The kernel-path metric (`vivant_worker_kernel_path_info`)
+reports the row-parallel path the runner says is in effect (what `apply_flags` returned, e.g. "no_tp" at
+TP = 1), not the flag that asked for it; only a runner that cannot tell (returns None) is reported by the
+requested flag. Tests pass small runners of their own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+from vivant.apis.feature_flags import FlagValues
+from vivant.sessions.flags import FlagStore, FlagWatcher
+from vivant.sessions.models import Assignment, EndRequest, FlagSet, SessionStats, WorkerInfo
+from vivant.sessions.registry import Registry, RegistryUnavailable
+from vivant.worker.model.options import RowParallelPath
+from vivant.worker.serving.metrics import WorkerMetrics
+from vivant.worker.serving.runner import (
+    EXIT_FAULT,
+    MAX_DURATION_REASON,
+    SessionEnded,
+    SessionFailed,
+    SessionInputError,
+    SessionRunner,
+    WorkerFault,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def failure_reason(exc: Exception) -> str:
+    """SessionStats.end_reason for a session that failed with `exc`."""
+    if isinstance(exc, SessionInputError):
+        return f"bad input: {exc}"
+    if isinstance(exc, WorkerFault | SessionFailed):
+        return str(exc)
+    return f"worker error: {exc!r}"
+
+
+# ------------------------------------------------------------------------------------------------
+# the service
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChunkRecord:
+    """Which pool flag version (and effective flags) one chunk of one session ran under."""
+
+    session_id: str
+    index: int
+    flag_version: int
+    flags: FlagValues
+
+
+class WorkerService:
+    """Serve sessions from the inbox until `stop` is set. Thread-safe against its heartbeat thread."""
+
+    def __init__(self, registry: Registry, flags: FlagStore, info: WorkerInfo,
+                 runner: SessionRunner | Callable[[], SessionRunner], *,
+                 poll_s: float = 1.0, stats_interval_s: float = 1.0, realtime: bool = False,
+                 buffer_chunks: int = 2, metrics: WorkerMetrics | None = None) -> None:
+        self.registry = registry
+        self.flag_store = flags
+        self.watcher = FlagWatcher(flags, info.pool)
+        self.info = info
+        # A ready runner, or a loader called by `run()` after registering (a worker loading weights for
+        # minutes is registered, heartbeating and counted as `loading`, not dead).
+        self._load = None if hasattr(runner, "step") else runner
+        self.runner: SessionRunner = runner if self._load is None else None  # type: ignore[assignment]
+        self.poll_s = poll_s
+        self.stats_interval_s = stats_interval_s
+        self.realtime = realtime
+        self.buffer_chunks = buffer_chunks
+        self.metrics = metrics
+        self.stop = threading.Event()
+        self.chunk_log: deque[ChunkRecord] = deque(maxlen=100_000)
+        self.sessions_done: list[SessionStats] = []
+        self.reregistrations = 0
+        self._lease_lock = threading.Lock()  # current session + register/finish must not interleave
+        self._current: str | None = None
+        self._lease_lost: str | None = None
+        self._chunks_in_session = 0
+        self._hb_thread: threading.Thread | None = None
+        # While Redis is unreachable, the chunk loop skips its registry calls (each failed attempt costs a
+        # connect + retry) and tries again every `redis_retry_s`, so an outage does not slow generation.
+        self.redis_retry_s = 0.5
+        self._redis_down_until = 0.0
+        self._fatal: str | None = None  # the worker can no longer serve (a rank failed): why
+        self.exit_code = 0  # EXIT_FAULT after a fatal failure
+
+    @property
+    def worker_id(self) -> str:
+        return self.info.worker_id
+
+    @property
+    def pool(self) -> str:
+        return self.info.pool
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def fail(self, reason: str) -> None:
+        """The worker can no longer serve (e.g. one of its ranks died): end the current session with `reason` at
+        its next boundary (or as soon as its step returns), release the lease, deregister, and stop."""
+        if self._fatal is None:
+            self._fatal = reason
+            self.exit_code = EXIT_FAULT
+            log.error("worker %s: %s; ending the session and stopping", self.worker_id, reason)
+        self.stop.set()
+
+    def abort(self, reason: str) -> None:
+        """`fail`, from another thread, when the chunk loop cannot come back (blocked on a dead rank): report the
+        current session Failed with `reason`, release its lease and deregister, here and now."""
+        self.fail(reason)
+        with self._lease_lock:
+            session = self._current
+        if session is not None:
+            final = SessionStats(session_id=session, worker_id=self.worker_id, phase="Failed", end_reason=reason,
+                                 chunks=self._chunks_in_session)
+            try:
+                with self._lease_lock:
+                    self.registry.report_session(session, final)
+                    self.registry.finish(self.pool, self.worker_id, session, reason)
+                    self._current = None
+            except RegistryUnavailable:
+                log.error("worker %s: could not release session %s (redis unavailable)", self.worker_id, session)
+        try:
+            self.registry.deregister(self.worker_id, self.pool, reason=reason)
+        except RegistryUnavailable:
+            log.warning("worker %s: could not deregister (redis unavailable); the reaper will", self.worker_id)
+
+    def run(self) -> None:
+        """Register (loading), start heartbeats, load the model, become warm, recover unacknowledged
+        work, serve until stopped, deregister."""
+        self.info = self.info.model_copy(update={"warm": False})
+        self._retry("register", lambda: self.registry.register(self.info))
+        self._hb_thread = threading.Thread(target=self._heartbeat_loop, name=f"heartbeat-{self.worker_id}",
+                                           daemon=True)
+        self._hb_thread.start()
+        try:
+            if self._load is not None:
+                self.runner = self._load()
+            with self._lease_lock:
+                self.info = self.info.model_copy(update={"warm": True})
+            self._retry("recover", self._recover)
+            self._retry("set_warm", lambda: self.registry.set_warm(self.worker_id, self.pool))
+            self.serve()
+        finally:
+            self.stop.set()
+            self._hb_thread.join(timeout=5)
+            try:
+                self.registry.deregister(self.worker_id, self.pool, reason=self._fatal or "worker shut down")
+            except RegistryUnavailable:
+                log.warning("worker %s: could not deregister (redis unavailable); the reaper will", self.worker_id)
+
+    def _recover(self) -> None:
+        n = self.registry.recover_unacked(self.worker_id)
+        if n:
+            log.warning("worker %s: requeued %d unacknowledged inbox message(s)", self.worker_id, n)
+        held = self.registry.session_of(self.pool, self.worker_id)
+        pending = {m.session_id for m in self.registry.pending(self.worker_id) if isinstance(m, Assignment)}
+        if held and held not in pending:
+            # We hold a lease for a session we are not running: a previous incarnation died mid-stream.
+            self.registry.abandon(self.pool, self.worker_id, held, reason=f"worker {self.worker_id} restarted")
+            log.error("worker %s: gave up session %s held by a previous incarnation", self.worker_id, held)
+
+    def _retry(self, what: str, fn, backoff_s: float = 0.2, cap_s: float = 5.0):  # noqa: ANN001
+        """Call `fn` until Redis answers; at least once, and no more retries once the worker is stopping."""
+        while True:
+            try:
+                return fn()
+            except RegistryUnavailable as exc:
+                if self.stop.is_set():
+                    log.warning("worker %s: %s failed (%s) while stopping; giving up", self.worker_id, what, exc)
+                    return None
+                log.warning("worker %s: %s failed (%s); retrying in %.1fs", self.worker_id, what, exc, backoff_s)
+                self.stop.wait(backoff_s)
+                backoff_s = min(cap_s, backoff_s * 2)
+
+    def _heartbeat_loop(self) -> None:
+        interval = self.registry.heartbeat_ttl_s / 3
+        down = False
+        while not self.stop.wait(interval):
+            try:
+                with self._lease_lock:
+                    stats = {"session": self._current, "chunks": self._chunks_in_session}
+                    if not self.registry.heartbeat(self.worker_id, self.pool, stats):
+                        # the registry forgot us: Redis restarted empty, or we were reaped
+                        kept = self.registry.register(self.info, session_id=self._current)
+                        self.reregistrations += 1
+                        log.warning("worker %s: re-registered (session %s %s)", self.worker_id, self._current,
+                                    "kept" if kept else "LOST")
+                        if self._current and not kept:
+                            self._lease_lost = self.registry.lost_reason(self._current) or "held by another worker"
+                if down:
+                    log.warning("worker %s: redis is back", self.worker_id)
+                down = False
+            except RegistryUnavailable as exc:
+                if not down:
+                    log.error("worker %s: heartbeat failed, redis unavailable (%s); still streaming",
+                              self.worker_id, exc)
+                down = True
+
+    # -- inbox -----------------------------------------------------------------------------------
+    def serve(self) -> None:
+        backoff = 0.2
+        while not self.stop.is_set():
+            try:
+                self.runner.idle()
+            except WorkerFault as exc:
+                self.fail(str(exc))
+                return
+            try:
+                msg = self.registry.next_message(self.worker_id, self.poll_s)
+                backoff = 0.2
+            except RegistryUnavailable:
+                self.stop.wait(backoff)
+                backoff = min(5.0, backoff * 2)
+                continue
+            if msg is None:
+                continue
+            if isinstance(msg, EndRequest):
+                log.info("worker %s: end request for session %s, which is not running; ignored",
+                         self.worker_id, msg.session_id)
+                self._ack(msg)
+                continue
+            self._handle_assignment(msg)
+
+    def _ack(self, msg: Assignment | EndRequest) -> None:
+        try:
+            self.registry.ack(self.worker_id, msg)
+        except RegistryUnavailable:
+            log.warning("worker %s: could not ack %s for %s (redis unavailable)", self.worker_id, msg.kind,
+                        msg.session_id)
+
+    def _handle_assignment(self, a: Assignment) -> None:
+        if a.pool != self.pool:
+            log.error("worker %s (pool %s): refused assignment of session %s for pool %s",
+                      self.worker_id, self.pool, a.session_id, a.pool)
+            self._ack(a)
+            return
+        try:
+            holder = self.registry.session_of(self.pool, self.worker_id)
+        except RegistryUnavailable:
+            # Cannot check the lease now: put the assignment back and try again shortly.
+            self._retry("recover", lambda: self.registry.recover_unacked(self.worker_id))
+            return
+        if holder != a.session_id:
+            log.warning("worker %s: assignment for session %s is stale (lease is %s); dropped",
+                        self.worker_id, a.session_id, holder)
+            self._ack(a)
+            return
+        self.run_session(a)
+
+    # -- one session -----------------------------------------------------------------------------
+    def run_session(self, a: Assignment) -> SessionStats:
+        with self._lease_lock:
+            self._current, self._lease_lost, self._chunks_in_session = a.session_id, None, 0
+        try:
+            flagset = self.watcher.current()
+        except RegistryUnavailable:
+            flagset = FlagSet(pool=self.pool, version=0)
+        version, flags = flagset.version, flagset.with_overrides(a.flag_overrides)
+        stats = SessionStats(session_id=a.session_id, worker_id=self.worker_id, phase="Connecting",
+                             flag_version=version, flags=flags)
+        self._report(stats)
+        phase = "Ended"
+        try:
+            self.runner.begin(a, flags)
+        except Exception as exc:  # noqa: BLE001 (a session that cannot start fails alone, not the worker)
+            log.exception("worker %s: session %s could not start", self.worker_id, a.session_id)
+            self._ack(a)
+            if isinstance(exc, WorkerFault):
+                self.fail(str(exc))
+            failed = stats.model_copy(update={"phase": "Failed", "end_reason": failure_reason(exc)})
+            self._finish(a, failed, failed.end_reason or "")
+            return failed
+        self._ack(a)  # the session has started: the assignment is no longer at risk
+        self._kernel_path(getattr(self.runner, "kernel_path", None), flags, version)
+        log.info("worker %s: streaming session %s (flags v%d %s)", self.worker_id, a.session_id, version,
+                 flags.model_dump())
+
+        chunk_s = self.runner.chunk_seconds
+        t0 = time.monotonic()
+        last_report = t0
+        compute_ms: list[float] = []
+        frames = stalls = 0
+        fault = False
+        reason = ""
+        while True:
+            elapsed = time.monotonic() - t0
+            reason = self._stop_reason(a, elapsed)
+            if reason:
+                if self._lease_lost or self._fatal or self.stop.is_set():
+                    # lease lost: the operator has already marked it Failed and reclaimed the slot; a worker
+                    # fault (a rank died) or shutting down (pod deleted, node drained): cut short, not done
+                    phase = "Failed"
+                break
+            changed = self._in_loop(lambda v=version: self.watcher.changed_since(v), None)  # down: keep flags
+            if changed is not None:
+                new_flags = changed.with_overrides(a.flag_overrides)
+                log.info("worker %s: session %s flags v%d -> v%d %s at chunk boundary %d", self.worker_id,
+                         a.session_id, version, changed.version, new_flags.model_dump(), len(compute_ms))
+                path = self.runner.apply_flags(new_flags)
+                self._kernel_path(path, new_flags, changed.version)
+                version, flags = changed.version, new_flags
+            try:
+                report = self.runner.step()
+            except SessionEnded as ended:
+                reason = ended.reason
+                log.info("worker %s: session %s ended by its runner in chunk %d: %s", self.worker_id,
+                         a.session_id, len(compute_ms), reason)
+                break
+            except Exception as exc:  # noqa: BLE001
+                log.exception("worker %s: session %s failed in chunk %d", self.worker_id, a.session_id,
+                              len(compute_ms))
+                if isinstance(exc, WorkerFault):
+                    self.fail(str(exc))
+                phase, reason = "Failed", failure_reason(exc)
+                break
+            self.chunk_log.append(ChunkRecord(a.session_id, report.index, version, flags))
+            compute_ms.append(report.compute_ms)
+            frames += report.frames
+            if self.metrics is not None:
+                self.metrics.observe_chunk("diffuse", report.compute_ms / 1e3)
+                self.metrics.observe_chunk("total", report.compute_ms / 1e3)  # no decode/publish stage here yet
+                self.metrics.frames_published(a.session_id, report.frames)
+                self.metrics.streamed_seconds(a.session_id, time.monotonic() - t0)
+            self._chunks_in_session = len(compute_ms)
+            done_at = time.monotonic() - t0
+            if done_at > (len(compute_ms) - 1 + self.buffer_chunks) * chunk_s:
+                stalls += 1  # this chunk missed its playout slot: the viewer's buffer ran dry
+                if self.metrics is not None:
+                    self.metrics.stall(a.session_id)
+            if self.realtime:
+                self.stop.wait(max(0.0, len(compute_ms) * chunk_s - done_at))
+            if report.numerical_fault and not fault:
+                fault = True
+                log.error("worker %s: numerical fault (NaN/Inf) in session %s chunk %d", self.worker_id,
+                          a.session_id, report.index)
+            now = time.monotonic()
+            if now - last_report >= self.stats_interval_s or (fault and report.numerical_fault):
+                stats = self._stats(a, "Streaming", t0, frames, stalls, compute_ms, version, flags, fault, None)
+                self._in_loop(lambda st=stats: self.registry.report_session(a.session_id, st), None)
+                if self.metrics is not None:
+                    self.metrics.session_fps(a.session_id, stats.fps)
+                last_report = now
+        try:
+            self.runner.end(reason)
+        except Exception:  # noqa: BLE001
+            log.exception("worker %s: runner.end failed for session %s", self.worker_id, a.session_id)
+        final = self._stats(a, phase, t0, frames, stalls, compute_ms, version, flags, fault, reason)
+        self._finish(a, final, reason)
+        self.sessions_done.append(final)
+        if self.metrics is not None:
+            self.metrics.session_ended(a.session_id)
+        log.info("worker %s: session %s ended (%s): %d chunks, %.1f fps", self.worker_id, a.session_id, reason,
+                 final.chunks, final.fps)
+        return final
+
+    def _in_loop(self, fn: Callable[[], T], default: T) -> T:
+        """A registry call from the chunk loop: `default` while Redis is known to be down."""
+        now = time.monotonic()
+        if now < self._redis_down_until:
+            return default
+        try:
+            return fn()
+        except RegistryUnavailable:
+            self._redis_down_until = now + self.redis_retry_s
+            return default
+
+    def _kernel_path(self, path: object, flags: FlagValues, version: int) -> None:
+        """Report the path the runner said is in effect; the requested one only when it could not tell."""
+        if not isinstance(path, str) or not path:
+            path = (RowParallelPath.FUSED if flags.fusedGemmAllReduce else RowParallelPath.UNFUSED).value
+        if self.metrics is not None:
+            self.metrics.kernel_info(path, version)
+
+    def _stop_reason(self, a: Assignment, elapsed: float) -> str:
+        if self._fatal:
+            return self._fatal
+        if self.stop.is_set():
+            return "worker shutting down"
+        if self._lease_lost:
+            return f"lease lost: {self._lease_lost}"
+        ended = getattr(self.runner, "end_reason", None)  # the runner's side ended it (agent left, END_CALL)
+        if ended:
+            return str(ended)
+        if elapsed >= a.max_duration_s:
+            return MAX_DURATION_REASON
+        msg = self._in_loop(lambda: self.registry.next_message(self.worker_id, 0), None)
+        if msg is None:
+            return ""
+        self._ack(msg)
+        if isinstance(msg, EndRequest) and msg.session_id == a.session_id:
+            return msg.reason
+        log.error("worker %s: busy with session %s; dropped %s for session %s", self.worker_id, a.session_id,
+                  msg.kind, msg.session_id)
+        return ""
+
+    def _stats(self, a: Assignment, phase: str, t0: float, frames: int, stalls: int, compute_ms: list[float],
+               version: int, flags: FlagValues, fault: bool, reason: str | None) -> SessionStats:
+        elapsed = max(1e-9, time.monotonic() - t0)
+        p99 = float(np.percentile(compute_ms, 99)) if compute_ms else 0.0
+        return SessionStats(session_id=a.session_id, worker_id=self.worker_id, phase=phase,  # type: ignore[arg-type]
+                            fps=frames / elapsed, stalls=stalls, chunk_p99_ms=p99, chunks=len(compute_ms),
+                            streamed_s=len(compute_ms) * self.runner.chunk_seconds, end_reason=reason,
+                            numerical_fault=fault, flag_version=version, flags=flags)
+
+    def _report(self, stats: SessionStats) -> None:
+        try:
+            self.registry.report_session(stats.session_id, stats)
+        except RegistryUnavailable:
+            log.debug("worker %s: stats for %s not reported (redis unavailable)", self.worker_id, stats.session_id)
+
+    def _finish(self, a: Assignment, final: SessionStats, reason: str) -> None:
+        """Final stats + lease release; waits for Redis if it is down (until the worker stops)."""
+
+        def attempt() -> bool:
+            with self._lease_lock:
+                self.registry.report_session(a.session_id, final)
+                self.registry.finish(self.pool, self.worker_id, a.session_id, reason)
+                self._current = None
+            return True
+
+        if self._retry("finish", attempt) is None:
+            with self._lease_lock:
+                self._current = None
+            log.error("worker %s: stopped before session %s's end could be recorded", self.worker_id, a.session_id)

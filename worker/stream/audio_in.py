@@ -1,0 +1,242 @@
+"""Audio in: speech PCM arriving in segments, cut on interruption, aligned to the chunk grid.
+
+Why: the voice agent sends the character's speech as PCM segments (faster or slower than real time,
+with gaps), and may interrupt it at any moment ("clear buffer"). The generator needs, for every
+chunk n, exactly the samples of that chunk, `cfg.chunk_sample_range(n)` (2666 or 2667 at 16 kHz),
+and silence when nobody speaks: idle chunks are still generated so the character listens and breathes.
+
+`AudioInput` keeps the not-yet-consumed speech in a FIFO. `next_chunk()` takes the chunk's samples
+from its front and pads the rest with zeros. `clear_buffer()` discards everything not yet consumed,
+so at most the chunk already handed to the generator carries speech after an interruption: the cut
+lands within one chunk. A turn starts at the first segment after start-up, `end_segment()` or
+`clear_buffer()`; its first sample is traced (clock time pushed, chunk and stream sample where it
+landed) for the turn-latency report.
+
+Rates: PCM at the configured rate (16 kHz default) is taken as is; other rates are resampled with
+libswresample (PyAV) when `resample=True`, else rejected with an error naming the expected rate.
+Samples are float32 in [-1, 1] or int16 (scaled by 1/32768), mono (1-D or [n, 1]).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+from vivant.worker.stream.pacer import Clock, MonotonicClock
+
+
+class SampleRateError(ValueError):
+    """PCM at a sample rate this input does not take."""
+
+
+class AudioBufferFull(RuntimeError):
+    """More speech pending than `max_pending_s`; the sender must slow down (nothing was dropped)."""
+
+
+class ChunkGrid(Protocol):
+    audio_sample_rate: int
+
+    def chunk_sample_range(self, n: int) -> tuple[int, int]: ...
+
+
+@dataclass(frozen=True)
+class AudioInConfig:
+    resample: bool = True  # other rates: resample (True) or reject with SampleRateError (False)
+    max_pending_s: float = 120.0  # bound on speech waiting to be consumed
+
+    def __post_init__(self) -> None:
+        if not self.max_pending_s > 0:
+            raise ValueError(f"AudioInConfig.max_pending_s = {self.max_pending_s!r}; expected > 0 seconds")
+
+
+@dataclass
+class TurnStart:
+    turn: int
+    pushed_s: float  # clock time its first segment was pushed
+    chunk_index: int | None = None  # chunk that carries its first sample (set when consumed)
+    stream_sample: int | None = None  # that sample's position on the chunk grid
+
+
+@dataclass
+class ChunkAudio:
+    index: int
+    samples: np.ndarray  # float32 [stop - start]
+    speech_samples: int  # how many came from pushed speech (the rest is silence)
+    turns: list[TurnStart] = field(default_factory=list)  # turns whose first sample is in this chunk
+
+
+@dataclass
+class _Segment:
+    pcm: np.ndarray
+    turn: TurnStart | None  # set on the first segment of a turn
+
+
+class AudioInput:
+    """Thread-safe: the transport pushes and clears, the generation loop calls `next_chunk()`."""
+
+    def __init__(self, grid: ChunkGrid, config: AudioInConfig | None = None, clock: Clock | None = None) -> None:
+        self.grid = grid
+        self.config = config or AudioInConfig()
+        self.clock = clock or MonotonicClock()
+        self.sample_rate = int(grid.audio_sample_rate)
+        self._lock = threading.Lock()
+        self._pending: deque[_Segment] = deque()
+        self._pending_samples = 0
+        self._next = 0
+        self._turns: list[TurnStart] = []
+        self._turn_open = False
+        self._resamplers: dict[int, object] = {}
+        self.cleared_samples = 0  # speech discarded by clear_buffer, in total
+        self.last_cut_chunk: int | None = None  # first chunk taken after the latest clear_buffer
+
+    # ---- transport side -----------------------------------------------------------------------------
+    def push(self, pcm: np.ndarray, sample_rate: int) -> int:
+        """Append a speech segment; returns the samples queued (at this input's rate)."""
+        x = self._as_float_mono(pcm)
+        if int(sample_rate) != self.sample_rate:
+            if not self.config.resample:
+                raise SampleRateError(
+                    f"audio sample_rate: expected {self.sample_rate} Hz, got {sample_rate} Hz (resampling is off)"
+                )
+            if not 4000 <= int(sample_rate) <= 192_000:
+                raise SampleRateError(
+                    f"audio sample_rate: expected {self.sample_rate} Hz (or 4000–192000 Hz to resample), "
+                    f"got {sample_rate} Hz"
+                )
+            x = self._resample(x, int(sample_rate))
+        with self._lock:
+            limit = int(self.config.max_pending_s * self.sample_rate)
+            if self._pending_samples + len(x) > limit:
+                raise AudioBufferFull(
+                    f"audio input: {self._pending_samples + len(x)} samples would be pending, more than "
+                    f"max_pending_s = {self.config.max_pending_s} s ({limit} samples); segment not taken"
+                )
+            turn = None
+            if not self._turn_open and len(x):
+                turn = TurnStart(turn=len(self._turns), pushed_s=self.clock.now())
+                self._turns.append(turn)
+                self._turn_open = True
+            if len(x):
+                self._pending.append(_Segment(x, turn))
+                self._pending_samples += len(x)
+            return len(x)
+
+    def end_segment(self) -> None:
+        """The current turn's speech is complete; the next push starts a new turn."""
+        with self._lock:
+            self._turn_open = False
+        for rate in list(self._resamplers):
+            tail = self._resample(np.zeros(0, np.float32), rate, flush=True)
+            with self._lock:
+                if len(tail):
+                    self._pending.append(_Segment(tail, None))
+                    self._pending_samples += len(tail)
+
+    def clear_buffer(self) -> int:
+        """Interrupt: discard all speech not yet consumed; returns the samples discarded."""
+        with self._lock:
+            dropped = self._pending_samples
+            self._pending.clear()
+            self._pending_samples = 0
+            self._turn_open = False
+            self._resamplers.clear()
+            self.cleared_samples += dropped
+            self.last_cut_chunk = self._next
+            return dropped
+
+    # ---- generation side ----------------------------------------------------------------------------
+    @property
+    def next_index(self) -> int:
+        return self._next
+
+    def pending_samples(self) -> int:
+        with self._lock:
+            return self._pending_samples
+
+    def next_chunk(self) -> ChunkAudio:
+        """The next chunk's samples: pending speech from the front, zeros for the rest."""
+        with self._lock:
+            n = self._next
+            start, stop = self.grid.chunk_sample_range(n)
+            need = stop - start
+            out = np.zeros(need, np.float32)
+            got = 0
+            turns: list[TurnStart] = []
+            while got < need and self._pending:
+                seg = self._pending[0]
+                if seg.turn is not None:
+                    seg.turn.chunk_index = n
+                    seg.turn.stream_sample = start + got
+                    turns.append(seg.turn)
+                    seg.turn = None
+                take = min(need - got, len(seg.pcm))
+                out[got:got + take] = seg.pcm[:take]
+                got += take
+                if take == len(seg.pcm):
+                    self._pending.popleft()
+                else:
+                    seg.pcm = seg.pcm[take:]
+            self._pending_samples -= got
+            self._next += 1
+            return ChunkAudio(index=n, samples=out, speech_samples=got, turns=turns)
+
+    def turns(self) -> list[TurnStart]:
+        with self._lock:
+            return list(self._turns)
+
+    # ---- helpers ------------------------------------------------------------------------------------
+    @staticmethod
+    def _as_float_mono(pcm: np.ndarray) -> np.ndarray:
+        a = np.asarray(pcm)
+        if a.ndim == 2 and a.shape[1] == 1:
+            a = a[:, 0]
+        if a.ndim != 1:
+            raise ValueError(f"audio pcm: expected mono samples, shape [n] or [n, 1], got shape {list(a.shape)}")
+        if a.dtype == np.int16:
+            return a.astype(np.float32) / 32768.0
+        if a.dtype in (np.float32, np.float64):
+            return a.astype(np.float32, copy=False)
+        raise ValueError(f"audio pcm: expected dtype float32 or int16, got {a.dtype}")
+
+    def _resample(self, x: np.ndarray, rate: int, flush: bool = False) -> np.ndarray:
+        import av
+
+        resampler = self._resamplers.get(rate)
+        if resampler is None:
+            if flush:
+                return np.zeros(0, np.float32)
+            resampler = self._resamplers[rate] = av.AudioResampler(format="flt", layout="mono", rate=self.sample_rate)
+        if flush:
+            frames = resampler.resample(None)
+            del self._resamplers[rate]
+        else:
+            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(x).reshape(1, -1), format="flt", layout="mono")
+            frame.sample_rate = rate
+            frames = resampler.resample(frame)
+        parts = [f.to_ndarray().reshape(-1) for f in frames]
+        return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
+
+
+def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
+    """Any audio file PyAV reads → (float32 mono samples, sample rate); a ValueError names the file when it cannot
+    be read or holds no samples."""
+    import av
+
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.audio:
+                raise ValueError(f"audio file {str(path)!r}: no audio stream")
+            stream = container.streams.audio[0]
+            rate = stream.rate
+            resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+            parts = [f.to_ndarray().reshape(-1) for frame in container.decode(stream) for f in resampler.resample(frame)]
+            parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
+    except av.error.FFmpegError as exc:
+        raise ValueError(f"audio file {str(path)!r}: not readable ({exc})") from exc
+    if not parts:
+        raise ValueError(f"audio file {str(path)!r}: holds no audio samples")
+    return np.concatenate(parts).astype(np.float32), int(rate)

@@ -1,0 +1,345 @@
+"""The back half of the stream: latents → the decoder stage → the 24 fps pacer → sinks, with its measurements.
+
+Why its own module: the same playout runs inside `StreamPipeline` (one process: generator, decoder and playout
+threads; `vivant demo`) and on the worker's decoder rank, where the latents arrive from DiT rank 0 over
+torch.distributed (vivant.worker.serving.ranks). `Playout` owns two threads: the `DecoderStage` (decode(n)
+overlaps whatever produces n + 1) pushes decoded chunks into the `Pacer` (waiting only while the jitter buffer
+is full, i.e. everything is ahead of real time), and the playout thread releases frames at exact 1/fps steps on
+the clock and writes them to every `FrameSink`.
+
+Measured per chunk (ms, p50/p99): submit wait, decode, pacer push wait, buffer residency (decoded → first frame
+published), publish (sink writes per frame), end to end (audio taken → first frame published); the pacer's
+record (stalls, repeated frames, buffer depth, A/V offset); and per speech turn the clock times of its first
+sample pushed, the chunk carrying it diffused, decoded and its frame published (`TurnTrace`), observed into
+`WorkerMetrics.turn_latency` when a metrics object is given. Times are seconds on the playout's clock.
+
+Lead limit: `wait_lead(n)` blocks the producer until chunk n may be taken (at most `max_lead_chunks` chunks
+before it plays), which bounds the latency the buffers add to a turn.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from vivant.worker.stream.audio_in import TurnStart
+from vivant.worker.stream.decoder_stage import DecoderStage, LatentChunk
+from vivant.worker.stream.pacer import (
+    Clock,
+    DecodedChunk,
+    MonotonicClock,
+    Pacer,
+    PacerConfig,
+    PacerFull,
+    PublishedFrame,
+)
+from vivant.worker.stream.sinks import FrameSink
+from vivant.worker.stream.vae import VAEDecoder
+
+
+@dataclass
+class TurnTrace:
+    turn: int
+    pushed_s: float
+    chunk_index: int | None = None
+    first_frame: int | None = None  # generated frame index whose audio holds the turn's first sample
+    diffused_s: float | None = None
+    decoded_s: float | None = None
+    published_s: float | None = None
+
+    @property
+    def latency_s(self) -> float | None:
+        return None if self.published_s is None else self.published_s - self.pushed_s
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        ms = lambda t: None if t is None else round((t - self.pushed_s) * 1e3, 2)  # noqa: E731
+        d.update(diffused_ms=ms(self.diffused_s), decoded_ms=ms(self.decoded_s), published_ms=ms(self.published_s))
+        return d
+
+
+def percentiles(values: list[float]) -> dict[str, float | int | None]:
+    if not values:
+        return {"n": 0, "p50": None, "p99": None, "max": None}
+    a = np.asarray(values, dtype=np.float64)
+    return {"n": int(a.size), "p50": round(float(np.percentile(a, 50)), 3),
+            "p99": round(float(np.percentile(a, 99)), 3), "max": round(float(a.max()), 3)}
+
+
+@dataclass
+class StreamReport:
+    session: str
+    chunks: int
+    content_seconds: float
+    production_seconds: float  # first chunk's audio taken → last chunk decoded
+    playout_seconds: float  # t0 → last frame published
+    frames_published: int  # live slots, repeats included
+    generated_frames_published: int
+    repeated_frames: int
+    stalls: int
+    stall_frames: list[int]
+    stall_causes: list[str]  # "late" (generation behind) or "interrupt" (gap after discarded speech)
+    discarded_chunks: list[int]  # speech chunks dropped by interruptions
+    delivered_fps: float  # generated frames per second of live playout
+    real_time_factor: float  # busiest stage's compute seconds per content second (≤ 1 keeps up)
+    production_real_time_factor: float  # wall production s per content s (lead-limited when ahead)
+    max_abs_av_offset_ms: float
+    stages_ms: dict[str, dict]
+    buffer_depth: list[tuple[float, int]]  # (s since t0, chunks buffered)
+    turns: list[dict]
+    speech_samples_in: int
+    cleared_samples: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def format_text(self) -> str:
+        lines = [
+            f"session {self.session}: {self.chunks} chunks, {self.content_seconds:.2f} s of video",
+            f"  live playout: {self.generated_frames_published} generated frames in {self.playout_seconds:.2f} s "
+            f"= {self.delivered_fps:.2f} fps delivered; {self.stalls} stalls "
+            f"({self.stall_causes.count('late')} late, {self.stall_causes.count('interrupt')} after an interrupt), "
+            f"{self.repeated_frames} repeated frames; {len(self.discarded_chunks)} speech chunks discarded by interrupts",
+            f"  real-time factor {self.real_time_factor:.2f} (busiest stage's compute s per s of video; ≤ 1 keeps "
+            f"up); wall production {self.production_seconds:.2f} s for {self.content_seconds:.2f} s of video",
+            f"  A/V offset: max |offset| {self.max_abs_av_offset_ms:.3f} ms (one frame = {1000 / 24:.1f} ms)",
+            "  stage              n      p50 ms    p99 ms    max ms",
+        ]
+        for name, s in self.stages_ms.items():
+            if s["n"]:
+                lines.append(f"  {name:<16}{s['n']:>5}  {s['p50']:>9.2f} {s['p99']:>9.2f} {s['max']:>9.2f}")
+        depths = [d for _, d in self.buffer_depth]
+        if depths:
+            step = max(1, len(self.buffer_depth) // 12)
+            trace = " ".join(f"{t:.1f}s:{d}" for t, d in self.buffer_depth[::step])
+            lines.append(f"  buffer depth (chunks) min {min(depths)} max {max(depths)}; over time: {trace}")
+        for t in self.turns:
+            if t["published_ms"] is None:
+                lines.append(f"  turn {t['turn']}: first sample in → diffused {t['diffused_ms']} ms; never published "
+                             f"(its chunk {t['chunk_index']} was discarded by an interrupt or the stream ended)")
+                continue
+            lines.append(
+                f"  turn {t['turn']}: first sample in → diffused {t['diffused_ms']} ms → decoded {t['decoded_ms']} ms "
+                f"→ first frame published {t['published_ms']} ms (chunk {t['chunk_index']}, frame {t['first_frame']})"
+            )
+        return "\n".join(lines)
+
+
+class Playout:
+    """Decoder stage → pacer → sinks for one session (module docstring). `grid`: the ModelConfig (fps,
+    frames_per_chunk, audio_sample_rate, chunk_sample_range); `metrics`: a WorkerMetrics or None."""
+
+    def __init__(self, grid, vae: VAEDecoder, sinks: list[FrameSink], *, pacer_config: PacerConfig | None = None,
+                 clock: Clock | None = None, decoder_queue_chunks: int = 2, metrics=None, session: str = "local",
+                 max_lead_chunks: int = 3) -> None:
+        self.clock = clock or MonotonicClock()
+        self.pacer = Pacer(pacer_config or PacerConfig.for_model(grid), self.clock)
+        if self.pacer.config.fps != grid.fps or self.pacer.config.frames_per_chunk != grid.frames_per_chunk:
+            raise ValueError(f"pacer_config: expected fps {grid.fps} and frames_per_chunk "
+                             f"{grid.frames_per_chunk} (the model's), got {self.pacer.config}")
+        if max_lead_chunks < self.pacer.config.start_chunks:
+            raise ValueError(f"max_lead_chunks = {max_lead_chunks}; expected ≥ the pacer's start_chunks = "
+                             f"{self.pacer.config.start_chunks} (else playout never starts)")
+        self.max_lead_chunks = max_lead_chunks
+        self.sinks = list(sinks)
+        self.metrics = metrics
+        self.session = session
+        self.decoder = DecoderStage(vae, self._on_decoded, queue_chunks=decoder_queue_chunks, now=self.clock.now)
+        self._lock = threading.Lock()
+        self._chunk_times: dict[int, dict[str, float]] = {}
+        self._turns: dict[int, TurnTrace] = {}
+        self._turn_by_frame: dict[int, list[TurnTrace]] = {}
+        self.push_wait_ms: list[float] = []
+        self.lead_wait_ms: list[float] = []
+        self.buffer_ms: list[float] = []
+        self.publish_ms: list[float] = []
+        self.e2e_ms: list[float] = []
+        self.submitted = 0
+        self._stalls_seen = 0
+        self._playout_error: BaseException | None = None
+        self._last_published_s: float | None = None
+        self._thread: threading.Thread | None = None
+
+    # ---- the producer's side ------------------------------------------------------------------------
+    def start(self) -> Playout:
+        if self._thread is None:
+            self.decoder.start()
+            self._thread = threading.Thread(target=self._playout, name="vivant-playout", daemon=True)
+            self._thread.start()
+        return self
+
+    @property
+    def failed(self) -> BaseException | None:
+        """The playout thread's error, if it stopped (re-raised by `finish`)."""
+        return self._playout_error
+
+    def wait_lead(self, n: int) -> None:
+        """Block until chunk n may be taken: chunk n − max_lead_chunks + 1 has started playing (or playout failed)."""
+        t = time.perf_counter()
+        while n >= self.max_lead_chunks and not self.pacer.wait_until_started(n - self.max_lead_chunks + 1, 0.25):
+            if self._playout_error is not None:
+                break
+        self.lead_wait_ms.append((time.perf_counter() - t) * 1e3)
+
+    def record_turns(self, turns: Iterable[TurnStart], t_diffused: float) -> None:
+        """Speech turns whose first sample is in the chunk just diffused at `t_diffused` (clock seconds)."""
+        pc = self.pacer.config
+        with self._lock:
+            for start in turns:
+                frame = start.chunk_index * pc.frames_per_chunk
+                while pc.frame_sample(frame + 1) <= start.stream_sample:
+                    frame += 1
+                trace = TurnTrace(start.turn, start.pushed_s, start.chunk_index, frame, diffused_s=t_diffused)
+                self._turns[start.turn] = trace
+                self._turn_by_frame.setdefault(frame, []).append(trace)
+
+    def submit(self, chunk: LatentChunk) -> float:
+        """Hand a diffused chunk to the decoder stage (its `times` carry "audio_taken" and "diffused"); returns
+        the seconds spent waiting for queue space."""
+        waited = self.decoder.submit(chunk)
+        self.submitted += 1
+        return waited
+
+    def discard_speech_before(self, index: int) -> list[int]:
+        return self.pacer.discard_speech_before(index)
+
+    def finish(self) -> None:
+        """Decode and play out what was submitted, stop both threads and close every sink (even after a failure,
+        so files are finalised); re-raises the first error."""
+        errors: list[BaseException] = []
+        try:
+            self.decoder.close()
+        except RuntimeError as exc:
+            errors.append(exc)
+        self.pacer.close_input()
+        if self._thread is not None:
+            self._thread.join()
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+        if self._playout_error is not None:
+            raise RuntimeError(f"playout failed: {self._playout_error!r}") from self._playout_error
+        if errors:
+            raise errors[0]
+
+    # ---- decoder thread -----------------------------------------------------------------------------
+    def _on_decoded(self, chunk: DecodedChunk) -> None:
+        with self._lock:
+            self._chunk_times[chunk.index] = chunk.times
+            for trace in self._turns.values():
+                if trace.chunk_index == chunk.index:
+                    trace.decoded_s = chunk.times["decoded"]
+        if self.metrics is not None:
+            self.metrics.decoder_seconds(self.decoder.decode_ms[-1] / 1e3)
+            self.metrics.observe_chunk("decode", self.decoder.decode_ms[-1] / 1e3)
+        t = time.perf_counter()
+        while True:
+            try:
+                self.pacer.push(chunk)
+                break
+            except PacerFull:
+                if self._playout_error is not None:
+                    raise RuntimeError("playout stopped; the pacer will not drain") from self._playout_error
+                self.pacer.wait_for_space(0.25)
+        self.push_wait_ms.append((time.perf_counter() - t) * 1e3)
+        if self.metrics is not None:
+            self.metrics.buffer_depth(self.session, self.pacer.depth())
+
+    # ---- playout thread -----------------------------------------------------------------------------
+    def _playout(self) -> None:
+        try:
+            while not self.pacer.wait_for_start(0.25):
+                pass
+            while True:
+                frames = self.pacer.poll()
+                for frame in frames:
+                    self._publish(frame)
+                if self.pacer.drained and not frames:
+                    return
+                due = self.pacer.next_due()
+                if due is not None:
+                    self.clock.sleep_until(due)
+        except BaseException as exc:  # noqa: BLE001 (re-raised by finish)
+            self._playout_error = exc
+
+    def _publish(self, frame: PublishedFrame) -> None:
+        t = time.perf_counter()
+        for sink in self.sinks:
+            sink.write(frame)
+        self.publish_ms.append((time.perf_counter() - t) * 1e3)
+        self._last_published_s = frame.published_s
+        fpc = self.pacer.config.frames_per_chunk
+        m = self.metrics
+        if not frame.repeated:
+            if frame.content_index % fpc == 0:
+                with self._lock:
+                    times = self._chunk_times.get(frame.chunk_index, {})
+                if "decoded" in times:
+                    self.buffer_ms.append((frame.published_s - times["decoded"]) * 1e3)
+                    self.e2e_ms.append((frame.published_s - times["audio_taken"]) * 1e3)
+                    if m is not None:
+                        m.observe_chunk("total", (frame.published_s - times["audio_taken"]))
+            with self._lock:
+                traces = self._turn_by_frame.pop(frame.content_index, [])
+            for trace in traces:
+                trace.published_s = frame.published_s
+                if m is not None:
+                    m.turn_latency(trace.latency_s)
+            if m is not None:
+                m.frames_published(self.session, 1)
+        if m is not None:
+            m.observe_chunk("publish", self.publish_ms[-1] / 1e3)
+            if frame.repeated:
+                stalls = self.pacer.stall_count()
+                for _ in range(stalls - self._stalls_seen):
+                    m.stall(self.session)
+                self._stalls_seen = stalls
+
+    def production_seconds(self) -> float:
+        """First chunk's audio taken → last chunk decoded (0 before any chunk was decoded)."""
+        with self._lock:
+            times = list(self._chunk_times.values())
+        taken = [t["audio_taken"] for t in times if "audio_taken" in t]
+        decoded = [t["decoded"] for t in times if "decoded" in t]
+        return max(decoded) - min(taken) if taken and decoded else 0.0
+
+    def turn_traces(self) -> list[TurnTrace]:
+        with self._lock:
+            return [self._turns[k] for k in sorted(self._turns)]
+
+    def report(self, chunks: int, production_s: float, diffuse_ms: list[float], *, speech_samples_in: int = 0,
+               cleared_samples: int = 0) -> StreamReport:
+        """The session's StreamReport, once `finish` returned: `chunks` made, production seconds (first audio taken
+        → last chunk decoded), the producer's diffusion times."""
+        stats = self.pacer.stats()
+        pc = self.pacer.config
+        content_s = chunks * pc.frames_per_chunk / pc.fps
+        t0 = stats.t0 or 0.0
+        playout_s = (self._last_published_s - t0 + 1 / pc.fps) if self._last_published_s is not None else 0.0
+        fps = stats.generated_frames_published / playout_s if playout_s > 0 else 0.0
+        if self.metrics is not None:
+            self.metrics.session_fps(self.session, fps)
+            self.metrics.streamed_seconds(self.session, playout_s)
+        return StreamReport(
+            session=self.session, chunks=chunks, content_seconds=content_s, production_seconds=production_s,
+            playout_seconds=playout_s, frames_published=stats.frames_published,
+            generated_frames_published=stats.generated_frames_published, repeated_frames=stats.repeated_frames,
+            stalls=stats.stall_count, stall_frames=[s.frames for s in stats.stalls],
+            stall_causes=[s.cause for s in stats.stalls],
+            discarded_chunks=[i for d in stats.discards for i in d.chunks], delivered_fps=fps,
+            real_time_factor=max(sum(diffuse_ms), sum(self.decoder.decode_ms)) / 1e3 / content_s if chunks else 0.0,
+            production_real_time_factor=production_s / content_s if chunks else 0.0,
+            max_abs_av_offset_ms=stats.max_abs_av_offset_s * 1e3,
+            stages_ms={"lead_wait": percentiles(self.lead_wait_ms), "diffuse": percentiles(diffuse_ms), "submit_wait": percentiles(self.decoder.submit_wait_ms),
+                       "decode": percentiles(self.decoder.decode_ms), "pacer_push_wait": percentiles(self.push_wait_ms),
+                       "buffer": percentiles(self.buffer_ms), "publish_frame": percentiles(self.publish_ms),
+                       "end_to_end": percentiles(self.e2e_ms)},
+            buffer_depth=[(round(t - t0, 3), d) for t, d in stats.depth_history],
+            turns=[t.to_dict() for t in self.turn_traces()],
+            speech_samples_in=speech_samples_in, cleared_samples=cleared_samples,
+        )
