@@ -200,7 +200,7 @@ class TestClaimRelease:
 
 class TestOutage:
     def test_calls_raise_registry_unavailable_and_work_again_after_restart(self):
-        from conftest import RedisServer
+        from servers import RedisServer
 
         server = RedisServer()
         try:

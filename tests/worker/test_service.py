@@ -252,7 +252,7 @@ class TestFlagsAtChunkBoundary:
 
 class TestRedisOutage:
     def test_worker_keeps_generating_reregisters_and_the_session_survives(self, make):
-        from conftest import RedisServer
+        from servers import RedisServer
 
         server = RedisServer()
         try:
@@ -394,7 +394,7 @@ def test_vivant_worker_command_end_to_end(redis_url: str, tmp_path):
     import sys
 
     env = {**os.environ, "POD_NAME": "worker-cli-0", "NODE_NAME": "node-a"}
-    from conftest import free_port
+    from servers import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "vivant", "worker", "--pool", POOL, "--redis", redis_url,
