@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"session {stats.phase} ({stats.end_reason}): {stats.chunks} chunks in {wall:.1f}s; delivered "
           f"{delivered:.2f} fps, {stalls} stalls; diffusion p50 {result['diffuse_ms']['p50']} ms; "
           f"target met: {result['target']['met']}")
+    shutil.copy(log_path, Path(args.out).with_suffix(".worker.log"))  # the worker's own account, kept with the JSON
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

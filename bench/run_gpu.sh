@@ -8,9 +8,21 @@ mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 PKG=$(mktemp -d)/site
 mkdir -p "$PKG/vivant"
-for d in worker kernels sessions operator bench; do ln -s "$PWD/$d" "$PKG/vivant/$d"; done
-ln -s "$PWD/cli/cli.py" "$PKG/vivant/cli.py"; ln -s "$PWD/cli/__main__.py" "$PKG/vivant/__main__.py"
+# the layout of pyproject.toml's package-dir: `vivant` is cli/, each other top-level folder a subpackage
+for d in apis operator gateway worker kernels sessions bench devcluster; do ln -s "$PWD/$d" "$PKG/vivant/$d"; done
+for f in cli/*.py; do ln -s "$PWD/$f" "$PKG/vivant/$(basename "$f")"; done
 export PYTHONPATH="$PKG:$PWD/tests"
+# Packages the machine's image lacks travel as wheels in .whl/ (redis, pydantic, av: requirements/worker.txt's pins)
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+# redis-server from Debian packages in .deb/ (unpacked beside, never over /), run through a wrapper that finds its libs
+if ls .deb/redis-server_*.deb >/dev/null 2>&1 && [ -z "${REDIS_SERVER:-}" ]; then
+    for f in .deb/*.deb; do dpkg -x "$f" /tmp/redis-root; done
+    printf '#!/bin/sh\nLD_LIBRARY_PATH=/tmp/redis-root/usr/lib/x86_64-linux-gnu exec /tmp/redis-root/usr/bin/redis-server "$@"\n' \
+        > /tmp/redis-server && chmod +x /tmp/redis-server && export REDIS_SERVER=/tmp/redis-server
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 STEPS=${STEPS:-smoke,tests,tp4,tp1,decode}  # which parts to run (comma-separated)
@@ -20,7 +32,7 @@ step tune "kernel sweeps, step variants, numerics probes" python3 bench/gpu_tune
     --parts ${TUNE_PARTS:-kernels,step,numerics}
 step smoke "smoke: tiny on cuda, the served engine (FP8 parts, CUDA graphs) vs the float parts" python3 bench/gpu_smoke.py
 step tests "gpu tests" python3 -m pytest -q -m gpu tests/kernels tests/stream/test_decode_gpu.py -p no:cacheprovider
-step tp4 "bench step 57b tp4 rank0" python3 -m vivant bench step --preset 57b --tp 4 --rank 0 --device cuda \
+step tp4 "bench step 57b tp4 rank0" python3 -m vivant bench step --preset 57b --tp 4 --rank 0 --device ${SESSION_DEVICE:-cuda} \
     --chunks 20 --warmup 8 --numerics-chunks ${NUMERICS_CHUNKS:-104} ${STEP_ARGS:-} --out "$OUT/step_57b_tp4_rank0.json"
 step tp1 "bench step 57b tp1" python3 -m vivant bench step --preset 57b --tp 1 --device cuda --mode optimized \
     --chunks 20 --warmup 3 --out "$OUT/step_57b_tp1.json"
@@ -29,7 +41,7 @@ step tp2 "2 GPUs (NCCL): TP=2 FP8 engine, unfused vs fused GEMM + all-reduce" py
 # the served runtime for one 60 s session (Redis, the worker's ranks, the pacer): REDIS_SERVER names a redis-server
 # binary (docs/BENCHMARKS.md: the Debian packages unpacked with dpkg -x), else the one on PATH
 step session "served runtime: 60 s ref session, 1 DiT rank + decoder on the same GPU" python3 bench/gpu_session.py \
-    --seconds ${SESSION_SECONDS:-60} --tp ${SESSION_TP:-1} --decoder-device ${SESSION_DECODER:-shared} --preset ref \
+    --seconds ${SESSION_SECONDS:-60} --tp ${SESSION_TP:-1} --decoder-device ${SESSION_DECODER:-shared} --preset ${SESSION_PRESET:-ref} --device ${SESSION_DEVICE:-cuda} \
     ${REDIS_SERVER:+--redis-server "$REDIS_SERVER"} --out "$OUT/session_ref_tp1.json"
 step decode "bench decode 57b" python3 -m vivant bench decode --preset 57b --device cuda --chunks 20 --json --out "$OUT/decode_57b.json"
 ls -la "$OUT"

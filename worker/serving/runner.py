@@ -26,6 +26,16 @@ class ChunkReport:
     numerical_fault: bool = False
 
 
+@dataclass(frozen=True)
+class PlayoutAccount:
+    """What the viewer got, as the pacer counted it: frames published at the frame rate, and stalls (chunks that
+    missed their playout slot because the pacer's buffer ran dry). Returned by `SessionRunner.end` when the runner
+    has the pacer's count (the decoder rank's acknowledgement); it replaces the service's own estimate."""
+
+    frames_published: int
+    stalls: int
+
+
 class SessionEnded(Exception):  # noqa: N818 (an outcome, not an error)
     """Raised by `SessionRunner.step` when the session ended on the runner's side (e.g. the agent left
     the room while the step waited). The service ends the session as `Ended` with `reason`."""
@@ -74,4 +84,5 @@ class SessionRunner(Protocol):
 
     def step(self) -> ChunkReport: ...
 
-    def end(self, reason: str) -> None: ...
+    def end(self, reason: str) -> PlayoutAccount | None:
+        """End the session on the generation side; the pacer's account of the playout when the runner has one."""

@@ -47,7 +47,7 @@ from vivant.worker.serving.ranks import (
     set_device,
 )
 from vivant.worker.serving.room_feed import RoomFeed
-from vivant.worker.serving.runner import ChunkReport, SessionFailed, SessionInputError
+from vivant.worker.serving.runner import ChunkReport, PlayoutAccount, SessionFailed, SessionInputError
 from vivant.worker.serving.supervisor import RankFailure, Supervisor
 from vivant.worker.serving.wire import Ack, Control, ControlBus, DecoderLink, Op
 from vivant.worker.stream.audio_in import AudioInput, read_audio
@@ -226,9 +226,10 @@ class RankRuntime:
         fault = not bool(np.isfinite(out.latents.cpu().numpy()).all())
         return ChunkReport(index=n, compute_ms=ms, frames=self.frames_per_chunk, numerical_fault=fault)
 
-    def end(self, reason: str) -> None:
+    def end(self, reason: str) -> PlayoutAccount | None:
+        """END on every rank; the decoder rank's acknowledgement is the playout's account (frames, stalls)."""
         if not self._open or self.supervisor.failure is not None:
-            return  # a failed rank: nothing to tell the others (the supervisor killed them)
+            return None  # a failed rank: nothing to tell the others (the supervisor killed them)
         self._open = False
         ack = self._collective(lambda: (self.bus.publish(Control(Op.END, self.sessions)),
                                         self.link.send_end(self.sessions, reason))[1])
@@ -239,6 +240,7 @@ class RankRuntime:
         log.info("session %d ended on every rank (%s): decoder rank %d chunks, %d frames published, %d stalls%s",
                  self.sessions, reason, ack.chunks, ack.frames_published, ack.stalls,
                  f", error: {ack.error}" if ack.error else "")
+        return PlayoutAccount(frames_published=ack.frames_published, stalls=ack.stalls)
 
     def idle(self) -> None:
         if self.supervisor.failure is None:

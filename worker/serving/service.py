@@ -312,6 +312,10 @@ class WorkerService:
         chunk_s = self.runner.chunk_seconds
         t0 = time.monotonic()
         last_report = t0
+        # The playout clock: playback cannot begin before the first chunk exists, so it starts one chunk period
+        # before the first chunk is done (a slow first chunk, e.g. CUDA graph capture, delays the start; it is
+        # not a stall of every later chunk). Stalls, pacing and fps are measured on it; max duration on t0.
+        clock = t0
         compute_ms: list[float] = []
         frames = stalls = 0
         fault = False
@@ -356,7 +360,9 @@ class WorkerService:
                 self.metrics.frames_published(a.session_id, report.frames)
                 self.metrics.streamed_seconds(a.session_id, time.monotonic() - t0)
             self._chunks_in_session = len(compute_ms)
-            done_at = time.monotonic() - t0
+            if len(compute_ms) == 1:
+                clock = time.monotonic() - chunk_s
+            done_at = time.monotonic() - clock
             if done_at > (len(compute_ms) - 1 + self.buffer_chunks) * chunk_s:
                 stalls += 1  # this chunk missed its playout slot: the viewer's buffer ran dry
                 if self.metrics is not None:
@@ -369,16 +375,19 @@ class WorkerService:
                           a.session_id, report.index)
             now = time.monotonic()
             if now - last_report >= self.stats_interval_s or (fault and report.numerical_fault):
-                stats = self._stats(a, "Streaming", t0, frames, stalls, compute_ms, version, flags, fault, None)
+                stats = self._stats(a, "Streaming", clock, frames, stalls, compute_ms, version, flags, fault, None)
                 self._in_loop(lambda st=stats: self.registry.report_session(a.session_id, st), None)
                 if self.metrics is not None:
                     self.metrics.session_fps(a.session_id, stats.fps)
                 last_report = now
         try:
-            self.runner.end(reason)
+            account = self.runner.end(reason)
         except Exception:  # noqa: BLE001
             log.exception("worker %s: runner.end failed for session %s", self.worker_id, a.session_id)
-        final = self._stats(a, phase, t0, frames, stalls, compute_ms, version, flags, fault, reason)
+            account = None
+        if account is not None:  # the pacer's count (decoder rank) replaces this loop's estimate
+            frames, stalls = account.frames_published, account.stalls
+        final = self._stats(a, phase, clock, frames, stalls, compute_ms, version, flags, fault, reason)
         self._finish(a, final, reason)
         self.sessions_done.append(final)
         if self.metrics is not None:
