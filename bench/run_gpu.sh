@@ -43,5 +43,8 @@ step tp2 "2 GPUs (NCCL): TP=2 FP8 engine, unfused vs fused GEMM + all-reduce" py
 step session "served runtime: 60 s ref session, 1 DiT rank + decoder on the same GPU" python3 bench/gpu_session.py \
     --seconds ${SESSION_SECONDS:-60} --tp ${SESSION_TP:-1} --decoder-device ${SESSION_DECODER:-shared} --preset ${SESSION_PRESET:-ref} --device ${SESSION_DEVICE:-cuda} \
     ${REDIS_SERVER:+--redis-server "$REDIS_SERVER"} --out "$OUT/session_ref_tp1.json"
+# the quality gate on what is served: the engine a worker runs (FP8 parts, CUDA graphs) vs the float32 path, ref
+step quality "eval quality: served engine on ref vs float32, held-out speech" bash -c "python3 -m vivant eval quality \
+    --device cuda --wav weights/ref/data/held_out.wav --seconds ${QUALITY_SECONDS:-60} --json > $OUT/quality_ref_cuda.json"
 step decode "bench decode 57b" python3 -m vivant bench decode --preset 57b --device cuda --chunks 20 --json --out "$OUT/decode_57b.json"
 ls -la "$OUT"
