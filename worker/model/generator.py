@@ -89,6 +89,25 @@ class ChunkGenerator:
                              rope_dims=cfg.rope_dims, rope_theta=cfg.rope_theta, mode=self.mode, fp8=self.fp8,
                              device=self.device, kernel_backend=self.kernel_backend)
 
+    @torch.no_grad()
+    def warm_up(self) -> int:
+        """Capture every CUDA graph a session replays before the first session: silent chunks until one ran
+        with every ring slot valid (the graphs are keyed by that; the ring is reused across sessions, so they
+        stay valid), then the session is forgotten. Returns the chunks run (0 when the engine captures no
+        graphs). On every tensor-parallel rank at the same point: the chunks' collectives pair up."""
+        if not self.engine.options.cuda_graphs:
+            return 0
+        self.reset_session(self.seed)
+        silence = np.zeros(self.cfg.chunk_sample_range(0)[1], dtype=np.float32)
+        n = 0
+        while n < self.cfg.window_chunks + 2:
+            self.generate_chunk(silence, self.cfg.audio_sample_rate)
+            n += 1
+            if self.cache.step.all_valid:
+                break
+        self.reset_session(self.seed)
+        return n
+
     def noise(self, chunk: int) -> torch.Tensor:
         g = torch.Generator(device="cpu").manual_seed(self.seed * 1_000_003 + chunk)
         c = self.cfg

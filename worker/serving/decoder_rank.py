@@ -26,6 +26,7 @@ import logging
 from pathlib import Path
 
 import numpy as np
+import torch
 from vivant.worker.serving.ranks import Groups, RankSpec, RunnerKind, SessionTrace, session_dir
 from vivant.worker.serving.wire import Ack, DecoderLink, LinkMessage, Op
 from vivant.worker.stream.decoder_stage import DecoderStage, LatentChunk
@@ -48,7 +49,20 @@ class DecoderRank:
             vae_cfg = VAEConfig.for_model(self.cfg)
             self.vae = (load_vae_decoder(vae_cfg, spec.vae_weights, device=self.device) if spec.vae_weights
                         else build_vae_decoder(vae_cfg, device=self.device))
+            self._warm_up()
         self._reset()
+
+    @torch.no_grad()
+    def _warm_up(self) -> None:
+        """Two chunks through a throw-away causal cache (the first with an empty cache, the second with a full
+        one) before the rank says ready: library handles, kernel selection and allocations happen here, not
+        in a session's first chunk."""
+        c = self.cfg
+        cache = self.vae.new_cache()
+        for _ in range(2):
+            self.vae.decode_chunk(torch.zeros(c.latent_channels, c.latent_h, c.latent_w, device=self.device), cache)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _reset(self) -> None:
         self.session = 0

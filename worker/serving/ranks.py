@@ -126,8 +126,10 @@ def build_dit(spec: RankSpec, rank: int, tp_group: dist.ProcessGroup) -> ChunkGe
     if spec.weights is not None:
         load_weights(model, spec.weights)
     model = apply_tensor_parallel(model, rank, spec.layout.tp, group=tp_group)
-    return build_generator(cfg, mode=spec.mode, device=spec.layout.device_of(rank), seed=spec.weights_seed,
-                           engine=spec.engine, model=model)
+    gen = build_generator(cfg, mode=spec.mode, device=spec.layout.device_of(rank), seed=spec.weights_seed,
+                          engine=spec.engine, model=model)
+    gen.warm_up()  # before the worker says warm: the first session captures no graphs
+    return gen
 
 
 def session_dir(out_dir: str | None, session_id: str) -> Path | None:
