@@ -1,5 +1,6 @@
 """`ChunkGenerator.warm_up`: a worker captures its CUDA graphs before it says warm, so the first session's chunks
-replay graphs instead of capturing them (a capture inside a session took 1–5 s on an H200 and cost a stall),
+replay graphs instead of capturing them and the first position reset compiles nothing (either, inside a session,
+took 1–5 s on an H200 and cost a stall),
 and the warm-up leaves nothing behind: a warmed generator's session equals a cold one's."""
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def test_warmed_generator_captures_no_graph_in_its_first_session_and_matches_a_c
     graphs = dict(warm.engine._graphs)
     assert ran >= 1 and len(graphs) == 2, f"warm-up ran {ran} chunks and captured {len(graphs)} graphs, expected 2"
     assert warm.chunk == 0, "the warm-up's chunks were not forgotten"
-    chunks = CFG.window_chunks + 4
+    chunks = ran + 4  # past the first position reset and the full ring
     replays = warm.engine.graph_replays
     got = _session(warm, chunks)
     assert warm.engine._graphs.keys() == graphs.keys(), "the first session captured a graph after the warm-up"

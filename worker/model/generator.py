@@ -91,20 +91,20 @@ class ChunkGenerator:
 
     @torch.no_grad()
     def warm_up(self) -> int:
-        """Capture every CUDA graph a session replays before the first session: silent chunks until one ran
-        with every ring slot valid (the graphs are keyed by that; the ring is reused across sessions, so they
-        stay valid), then the session is forgotten. Returns the chunks run (0 when the engine captures no
-        graphs). On every tensor-parallel rank at the same point: the chunks' collectives pair up."""
+        """Run, before the first session, everything a session runs for the first time: silent chunks until one
+        ran with every ring slot valid and one began with a position reset — so every CUDA graph (keyed by
+        all-slots-valid; the ring is reused across sessions, so they stay valid) is captured and the reset's
+        kernels are compiled — then the session is forgotten. Returns the chunks run (0 when the engine
+        captures no graphs). On every tensor-parallel rank at the same point: the chunks' collectives pair up."""
         if not self.engine.options.cuda_graphs:
             return 0
         self.reset_session(self.seed)
         silence = np.zeros(self.cfg.chunk_sample_range(0)[1], dtype=np.float32)
-        n = 0
-        while n < self.cfg.window_chunks + 2:
-            self.generate_chunk(silence, self.cfg.audio_sample_rate)
+        n, all_valid, reset = 0, False, False
+        while not (all_valid and reset) and n < 4 * (self.cfg.window_chunks + self.cfg.t_limit):
+            reset |= self.generate_chunk(silence, self.cfg.audio_sample_rate).reset
+            all_valid |= self.cache.step.all_valid
             n += 1
-            if self.cache.step.all_valid:
-                break
         self.reset_session(self.seed)
         return n
 
