@@ -160,7 +160,7 @@ def evaluate(weights: str | None, seconds: float, seed: int, device: str = "cpu"
         write_side_by_side(video, [vid_ref, vid_opt, gt], audio, cfg)
     stability = {"reference": stability_over_time(vid_ref, gt), "optimized": stability_over_time(vid_opt, gt)}
     return {
-        "preset": cfg.name, "weights": str(dit_path.parent), "device": device, "seed": seed,
+        "preset": cfg.name, "weights": _shown(dit_path.parent), "device": device, "seed": seed,
         "seconds": round(chunks * cfg.chunk_seconds, 3), "chunks": chunks, "position_resets": resets,
         "texts": texts,
         "lip_sync_reference": round(ls_ref.correlation, 4), "lip_sync_optimized": round(ls_opt.correlation, 4),
@@ -179,6 +179,14 @@ def evaluate(weights: str | None, seconds: float, seed: int, device: str = "cpu"
         "gate": {"passed": not failures, "failures": failures, "max_lipsync_drop": max_drop,
                  "drift_limit": round(drift_limit, 6)},
     }
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working directory when it is under it (reports get committed: no machine's paths)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def stability_over_time(video: np.ndarray, gt: np.ndarray) -> dict:
