@@ -217,6 +217,31 @@ def test_a_killed_rank_ends_the_session_with_its_reason_and_leaks_no_lease(redis
             f"rank {r} (pid {p}) was left running"
 
 
+@pytest.mark.slow
+def test_sigterm_to_every_rank_stops_the_worker_cleanly(redis_url, tmp_path):
+    """What a terminal's Ctrl-C or a signal to the worker's whole process group does: every rank gets the signal
+    (sent here to each of the worker's processes); the ranks leave stopping to rank 0, which ends the session
+    (worker shutting down), releases it, shuts its ranks down and exits 0."""
+    w = WorkerProcess(redis_url, tmp_path, "--rank-timeout", RANK_TIMEOUT, worker_id="worker-term", tp=1)
+    try:
+        w.wait_idle()
+        w.assign("ns/term")
+        w.streaming("ns/term", 2)
+        for pid in [*w.rank_pids().values(), w.proc.pid]:
+            os.kill(pid, signal.SIGTERM)
+        final = w.ended("ns/term", timeout=30)
+        assert (final.phase, final.end_reason) == ("Failed", "worker shutting down"), final
+        w.assert_released("ns/term")
+        code = w.proc.wait(30)
+    finally:
+        if w.proc.poll() is None:
+            w.proc.kill()
+        w._log.close()
+    assert code == 0, f"exit {code}:\n{w.log()[-3000:]}"
+    assert "died" not in w.log(), "a rank died from the group's SIGTERM instead of being shut down by rank 0"
+    assert w.registry.workers(POOL) == {}, "the stopped worker is still registered"
+
+
 def nan_speech(path, cfg_rate: int = 16_000, seconds: float = 1.5, nan_from_s: float = 0.6) -> int:
     """A float32 WAV at the model's rate with NaN samples from `nan_from_s` on; returns the first bad chunk."""
     x = (0.3 * np.sin(np.arange(int(seconds * cfg_rate)) * 0.05)).astype(np.float32)

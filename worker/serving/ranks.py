@@ -4,7 +4,8 @@ process group, and the DiT ranks 1 … N−1, which follow rank 0's control (doc
 `RankSpec` is the whole configuration a rank needs (frozen, picklable: it crosses the spawn). `child_main` is a
 spawned rank's entry point: it dies with its parent (PR_SET_PDEATHSIG, so a killed worker leaves no rank
 behind), sets the no-multicast environment, joins the world, builds its part (a DiT shard, or the decoder rank,
-vivant.worker.serving.decoder_rank), reports `ready` on the status queue and serves until SHUTDOWN. An
+vivant.worker.serving.decoder_rank), reports `ready` on the status queue and serves until SHUTDOWN (SIGINT and
+SIGTERM are rank 0's to handle: a group signal must not kill a rank mid-session). An
 exception is reported on the status queue (rank 0's supervisor turns it into the session's end reason) and
 ends the process with a non-zero status.
 
@@ -219,8 +220,11 @@ def die_with_parent() -> None:
 
 
 def child_main(rank: int, spec: RankSpec, status) -> None:  # noqa: ANN001 (a multiprocessing queue)
-    """A spawned rank (module docstring)."""
+    """A spawned rank (module docstring). It ignores SIGINT and SIGTERM: a terminal's Ctrl-C or a process-group
+    SIGTERM reaches every rank, and stopping is rank 0's decision (SHUTDOWN after the session in progress)."""
     die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=spec.log_level,
                         format=f"%(asctime)s %(levelname)s rank{rank} %(name)s: %(message)s")
     layout = spec.layout
