@@ -47,7 +47,7 @@ POOL_PLURAL = "workerpools"
 POOL_SINGULAR = "workerpool"
 POOL_SHORT_NAMES = ("wp",)
 
-# The SLO the auto-rollback guards (DESIGN.md section 1): a session averages >= 23.5 fps once it streamed >= 1 s.
+# The SLO the auto-rollback guards (docs/ARCHITECTURE.md, the numbers): a session averages >= 23.5 fps once it streamed >= 1 s.
 SLO_MIN_FPS = 23.5
 SLO_MIN_STREAMED_SECONDS = 1.0
 
@@ -212,7 +212,7 @@ class CharacterSessionStatus(_StatusModel):
 
 
 class ModelSource(_Model):
-    preset: Literal["tiny", "57b"] = Field(description="Model shape preset (DESIGN.md section 1).")
+    preset: Literal["tiny", "57b"] = Field(description="Model shape preset (docs/ARCHITECTURE.md, the numbers).")
     checkpoint: Annotated[str, Field(min_length=2, max_length=1024, pattern=r"^(/|[a-z][a-z0-9+.-]*://)\S+$")] = Field(
         description="Where the safetensors checkpoint lies: an absolute path in the image/volume or a URI."
     )

@@ -120,7 +120,7 @@ if triton is not None:
         """Quantize a [ROWS, BLOCK_K] tile with the per-row scales s [ROWS] and store it.
         HW_CAST (compiled GPU code): y · (1/s) and the hardware's round-to-nearest-even, saturating e4m3
         conversion; otherwise IEEE division and e4m3 grid rounding in float32 bit arithmetic before the cast
-        (the interpreter's own cast is wrong for ~2% of values, see ENVIRONMENT.md)."""
+        (the interpreter's own cast is wrong for ~2% of values)."""
         if HW_CAST:
             q = y * (1.0 / s)[:, None]
         else:

@@ -117,7 +117,7 @@ def build_statefulset(
             "name": "VIVANT_REDIS_URL",
             "valueFrom": {"secretKeyRef": {"name": runtime.redis_secret, "key": runtime.redis_secret_key}},
         },
-        # Never NVLink multicast / in-switch reduction on these machines (DESIGN.md section 4).
+        # Never NVLink multicast / in-switch reduction on these machines (docs/ARCHITECTURE.md, the numbers).
         {"name": "NCCL_NVLS_ENABLE", "value": "0"},
         {"name": "TORCH_SYMM_MEM_DISABLE_MULTICAST", "value": "1"},
         {"name": "NVSHMEM_DISABLE_NVLS", "value": "1"},

@@ -1,4 +1,4 @@
-"""Comparison helpers for the kernel tests (Triton vs torch reference, DESIGN.md §5).
+"""Comparison helpers for the kernel tests (Triton vs torch reference, docs/ARCHITECTURE.md).
 
 Every comparison fails on NaN in either operand and puts the relative RMS error and the max abs
 error in its failure message. FP8 rows are compared as codes (e4m3 ulps) plus scales.

@@ -261,7 +261,7 @@ class TestBackendChoice:
             write_kv(k, v, pos, slots, *empty_cache(c, FP8), rope_dims=c.rope_dims, backend="triton")
 
 
-# The 57b per-rank shapes (DESIGN.md §1): 757 new tokens, 16 heads x 128, 5,788 cache slots.
+# The 57b per-rank shapes (docs/ARCHITECTURE.md): 757 new tokens, 16 heads x 128, 5,788 cache slots.
 GPU_CASE = Case(n=757, h=16, d=128, s=5788, rope_dims=(44, 42, 42), token_dtype=torch.bfloat16)
 
 

@@ -48,7 +48,7 @@ def test_finished_session_is_classified_at_the_slo_boundary(registry, frames, se
 
 
 def test_objective_is_the_design_slo():
-    """DESIGN.md section 1: >= 23.5 fps in 99.5% of the sessions that streamed >= 1 s."""
+    """docs/ARCHITECTURE.md, the numbers: >= 23.5 fps in 99.5% of the sessions that streamed >= 1 s."""
     assert (REFERENCE_OBJECTIVE.min_fps, REFERENCE_OBJECTIVE.min_streamed_seconds, REFERENCE_OBJECTIVE.objective) == (
         23.5, 1.0, 0.995)
 

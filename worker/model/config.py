@@ -1,6 +1,6 @@
 """Model configuration: one typed object, named presets (`ModelConfig.from_name`).
 
-The `57b` preset carries the shapes of the reference system (DESIGN.md §1):
+The `57b` preset carries the shapes of the reference system (docs/ARCHITECTURE.md):
 60 layers, d_model 8192, 64 heads × 128, SwiGLU d_ff 27648 (≈57B parameters); a 4-frame chunk is
 one latent frame of 16 × 44 × 68 (16×16 spatial / 4× temporal VAE on 704×1088), patchified 2×2 into
 22 × 34 = 748 video tokens, plus 9 audio tokens = 757 new tokens; the KV cache is 489 sink slots +
