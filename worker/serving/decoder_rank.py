@@ -176,7 +176,7 @@ class DecoderRank:
         if report is not None:
             ack = Ack(session=m.session, chunks=self.chunks, frames_published=report.frames_published,
                       generated_frames_published=report.generated_frames_published, stalls=report.stalls,
-                      repeated_frames=report.repeated_frames, error=self.error)
+                      repeated_frames=report.repeated_frames, error=self.error, played_out=True)
         self._reset()
         return ack
 

@@ -240,6 +240,8 @@ class RankRuntime:
         log.info("session %d ended on every rank (%s): decoder rank %d chunks, %d frames published, %d stalls%s",
                  self.sessions, reason, ack.chunks, ack.frames_published, ack.stalls,
                  f", error: {ack.error}" if ack.error else "")
+        if not ack.played_out:  # a room session: the room's sink keeps no pacer count, the loop's estimate stands
+            return None
         return PlayoutAccount(frames_published=ack.frames_published, stalls=ack.stalls)
 
     def idle(self) -> None:

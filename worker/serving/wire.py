@@ -130,6 +130,7 @@ class Ack:
     stalls: int = 0
     repeated_frames: int = 0
     error: str = ""
+    played_out: bool = False  # a pacer counted frames and stalls (MP4/null runners); False for a room session
 
 
 class DecoderLink:
@@ -187,13 +188,13 @@ class DecoderLink:
         self._send([self._word(Op.END, session, 0, 0, data.numel()), data], wait=True)
         word = torch.zeros(WORDS, dtype=torch.int64, device=self.device)
         dist.recv(word, src=self.peer, group=self.group)
-        session_, chunks, frames, generated, stalls, repeated, err_len = (int(v) for v in word.tolist()[:7])
+        session_, chunks, frames, generated, stalls, repeated, err_len, played = (int(v) for v in word.tolist()[:8])
         error = ""
         if err_len:
             text = torch.zeros(err_len, dtype=torch.uint8, device=self.device)
             dist.recv(text, src=self.peer, group=self.group)
             error = bytes(text.cpu().tolist()).decode(errors="replace")
-        return Ack(session_, chunks, frames, generated, stalls, repeated, error)
+        return Ack(session_, chunks, frames, generated, stalls, repeated, error, bool(played))
 
     # ---- the decoder rank -------------------------------------------------------------------------------
     def receive(self) -> LinkMessage:
@@ -219,7 +220,7 @@ class DecoderLink:
     def send_ack(self, ack: Ack) -> None:
         err = ack.error.encode()[:4096]
         word = self._word(ack.session, ack.chunks, ack.frames_published, ack.generated_frames_published, ack.stalls,
-                          ack.repeated_frames, len(err))
+                          ack.repeated_frames, len(err), int(ack.played_out))
         tensors = [word] + ([torch.frombuffer(bytearray(err), dtype=torch.uint8)] if err else [])
         for t in tensors:
             dist.send(t.to(self.device), dst=self.peer, group=self.group)
