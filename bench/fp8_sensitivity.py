@@ -1,0 +1,152 @@
+"""Which FP8 part moves the trained `ref` model: the served engine's parts undone one at a time, on a CPU.
+
+    python bench/fp8_sensitivity.py --seconds 10 --out bench/results/fp8_sensitivity_ref_cpu_<date>.json
+
+On a CPU the FP8 parts run their float32 twins, which round weights, activations and the ring to e4m3 exactly
+as the GPU kernels do (kernels/fp8.py: RNE to e4m3 after the per-row or per-channel scale) and differ from
+them only in accumulation order; so the quality question "which rounding hurts" can be asked here, chunk for
+chunk, without a GPU. Every variant generates the same held-out speech (weights/ref/data/held_out.wav) from the
+same seed and is compared with the float32 model on a float cache (the gate's reference,
+worker/quality/eval_cli.py): per-chunk latent relative RMS ‖x − ref‖ / ‖ref‖, reported as max, median and the
+last quarter's mean.
+
+Variants: the float parts on a float ring and on the FP8 ring; the FP8 parts as served; the FP8 parts with the
+weights of one projection role (qkv, o, gate_up, down) kept in float32 — the activations still arrive as FP8
+rows and are dequantized — and with all four kept. Also the weight rounding error alone per role: per output
+channel (served) against one scale per 32 input elements (a finer granularity).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+from vivant.kernels.fp8_gemm import quantize_weight
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.engine import Engine
+from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.model import VideoDiT
+from vivant.worker.model.options import CacheMode, EngineOptions
+from vivant.worker.model.ref_model import ref_paths
+from vivant.worker.model.weights import load_weights
+from vivant.worker.quality.eval_cli import read_audio_at
+
+ROLES = (("attn", "qkv"), ("attn", "o"), ("mlp", "gate_up"), ("mlp", "down"))
+
+
+class DequantizedRowsLinear(nn.Module):
+    """A projection fed FP8 rows (`Rows8`: q [M, K], scale [M]) that multiplies their dequantized values by float32
+    weights [N, K]: the FP8 parts with this role's weight rounding removed and nothing else changed."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = weight.float()
+        self.out_features, self.in_features = weight.shape
+
+    def forward(self, rows) -> torch.Tensor:  # noqa: ANN001 (fast_parts.Rows8)
+        return (rows.q.float() * rows.scale[:, None]) @ self.weight.t()
+
+
+def generate(gen: ChunkGenerator, audio: np.ndarray, chunks: int) -> torch.Tensor:
+    """Latents float32 [chunks, C, h, w] of one session from seed 0."""
+    cfg = gen.cfg
+    gen.reset_session(0)
+    out = []
+    for n in range(chunks):
+        a, b = cfg.chunk_sample_range(n)
+        out.append(gen.generate_chunk(audio[a:b], cfg.audio_sample_rate).latents.float().cpu())
+    return torch.stack(out)
+
+
+def summary(x: torch.Tensor, ref: torch.Tensor) -> dict:
+    r = ((x - ref).flatten(1).norm(dim=1) / ref.flatten(1).norm(dim=1).clamp_min(1e-12)).numpy()
+    q = max(1, len(r) // 4)
+    return {"max": float(r.max()), "median": float(np.median(r)), "last_quarter_mean": float(r[-q:].mean())}
+
+
+def weight_rounding(model: VideoDiT) -> dict:
+    """Relative RMS of e4m3 weight rounding per role over all blocks: per output channel vs per 32-element block."""
+    out = {}
+    for part, role in ROLES:
+        num_c = num_b = den = 0.0
+        for blk in model.blocks:
+            w = getattr(getattr(blk, part), role).weight.data.float()
+            n, k = w.shape
+            q, s = quantize_weight(w)
+            num_c += float(((q.float() * s[:, None]) - w).pow(2).sum())
+            b = 32 if k % 32 == 0 else k
+            wb = w.view(n, k // b, b)
+            sb = (wb.abs().amax(-1, keepdim=True) / 448.0).clamp_min(1e-12)
+            num_b += float((((wb / sb).to(torch.float8_e4m3fn).float() * sb).view(n, k) - w).pow(2).sum())
+            den += float(w.pow(2).sum())
+        out[role] = {"per_channel": (num_c / den) ** 0.5, "per_32_block": (num_b / den) ** 0.5}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=10.0, help="seconds of held-out speech")
+    p.add_argument("--weights", default=None, help="directory with ref_dit.safetensors (default weights/ref)")
+    p.add_argument("--wav", default=None, help="speech (default weights/ref/data/held_out.wav)")
+    p.add_argument("--out", required=True, help="the JSON result")
+    args = p.parse_args(argv)
+    if not args.seconds > 0:
+        raise SystemExit(f"--seconds = {args.seconds}; expected > 0")
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_name("ref")
+    dit, _ = ref_paths(args.weights)
+    wav = Path(args.wav) if args.wav else dit.parent / "data" / "held_out.wav"
+    audio = read_audio_at(str(wav), cfg.audio_sample_rate)[: int(args.seconds * cfg.audio_sample_rate)]
+    chunks = int(len(audio) // (cfg.audio_sample_rate * cfg.chunk_seconds))
+    if chunks < 1:
+        raise SystemExit(f"--seconds = {args.seconds}: shorter than one chunk ({cfg.chunk_seconds:.3f} s)")
+    base = VideoDiT(cfg)
+    load_weights(base, dit)
+    base.eval()
+    ref = generate(ChunkGenerator(cfg, mode=CacheMode.BASELINE, fp8=False, model=copy.deepcopy(base)), audio, chunks)
+
+    def float_weights(roles, blocks=None):  # noqa: ANN001, ANN202
+        def patch(m: VideoDiT) -> None:
+            for i in (range(cfg.n_layers) if blocks is None else blocks):
+                for part, role in roles:
+                    w = getattr(getattr(base.blocks[i], part), role).weight.data
+                    setattr(getattr(m.blocks[i], part), role, DequantizedRowsLinear(w))
+        return patch
+
+    variants = [("float parts, float ring", False, False, None), ("float parts, FP8 ring", False, True, None),
+                ("FP8 parts (as served)", True, True, None)]
+    variants += [(f"FP8 parts, {role} weights float32", True, True, float_weights([(part, role)]))
+                 for part, role in ROLES]
+    variants += [("FP8 parts, all weights float32", True, True, float_weights(ROLES))]
+    rows = []
+    for name, fp8_parts, fp8_ring, patch in variants:
+        t0 = time.perf_counter()
+        eng = Engine.build(copy.deepcopy(base), EngineOptions.served("cpu") if fp8_parts else EngineOptions(),
+                           inplace=True)
+        if patch is not None:
+            patch(eng.model)
+        gen = ChunkGenerator(cfg, mode=CacheMode.OPTIMIZED, fp8=fp8_ring, engine=eng)
+        rows.append({"variant": name, **summary(generate(gen, audio, chunks), ref),
+                     "seconds": round(time.perf_counter() - t0, 1)})
+        r = rows[-1]
+        print(f"{name:36s} latent rel RMS max {100 * r['max']:5.1f} %  median {100 * r['median']:5.1f} %  "
+              f"last quarter {100 * r['last_quarter_mean']:5.1f} %", flush=True)
+    result = {"bench": "fp8_sensitivity", "preset": "ref", "device": "cpu (float32 twins of the FP8 kernels)",
+              "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "chunks": chunks,
+              "speech": wav.name, "variants": rows, "weight_rounding_rel_rms": weight_rounding(base)}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    for role, e in result["weight_rounding_rel_rms"].items():
+        print(f"weight rounding {role:8s} per channel {100 * e['per_channel']:.2f} %  per 32-block "
+              f"{100 * e['per_32_block']:.2f} %")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
