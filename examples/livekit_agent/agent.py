@@ -35,9 +35,9 @@ from livekit.agents import (
     AgentSession,
     JobContext,
     JobExecutorType,
-    RoomOptions,
     cli,
 )
+from livekit.agents.voice.room_io import RoomOptions
 from livekit.plugins import runway
 from pydantic import BaseModel, ConfigDict, Field
 
