@@ -262,9 +262,10 @@ async def run_call(call: LocalCall, seconds: float) -> tuple[dict, object]:
     cpu1 = {n: cpu_seconds(c.proc.pid) for n, c in call.children.items()}
     cpu1["livekit-server"] = cpu_seconds(call.lk.pid)
     wall = time.time() - wall0
+    left = seen and not user.avatar_present()
     rec = await user.stop()
     cpu = {n: round(cpu1[n] - cpu0.get(n, 0.0), 2) for n in cpu1}
-    return {"wall_s": round(wall, 2), "cpu_s": cpu, "avatar_left": seen and not user.avatar_present()}, rec
+    return {"wall_s": round(wall, 2), "cpu_s": cpu, "avatar_left": left}, rec
 
 
 def stage_times(folder: Path) -> dict:
