@@ -7,7 +7,8 @@ plugin pointed at the API by its base URL, espeak-ng TTS), registered with the s
 agent to a new room with a script and joins as the "user" who receives the character:
 
 * the agent closes its session → the plugin's END_CALL → the worker leaves, the lease is released (EndCall);
-* the agent leaves the room without a word → AgentLeft;
+* the example agent leaves the room → AgentLeft, or Deleted by the plugin's fallback DELETE (whichever is first);
+* an agent that vanishes (no END_CALL, no DELETE) → AgentLeft;
 * maxDuration (the plugin's `max_duration`, 10 s) → MaxDuration;
 * DELETE /v1/realtime_sessions/{id} on the API → Deleted;
 * the LiveKit server killed and restarted mid-call → the session ends with a reason and the worker is idle again,
@@ -24,6 +25,7 @@ import time
 import urllib.request
 
 import pytest
+from livekit import api, rtc
 from vivant.bench.call_recorder import UserRecorder
 from vivant.bench.livekit_call import AVATAR_IDENTITY, POOL, CallConfig, LocalCall
 from vivant.sessions.registry import Registry
@@ -107,10 +109,49 @@ async def test_end_call_from_the_agent_releases_the_worker(call: LocalCall, regi
     assert max(set(sizes), key=sizes.count) == (128, 192, 3), set(sizes)  # the tiny preset's frames
 
 
-async def test_agent_leaving_the_room_ends_the_session(call: LocalCall, registry: Registry):
+async def test_the_example_agent_leaving_ends_the_session(call: LocalCall, registry: Registry):
+    """The Runway plugin, when its room is gone, also DELETEs the session (its fallback): either reason ends it,
+    whichever reaches the worker first."""
     user, sid = await start_call(call, registry, "room-leave", {"turns": ONE_TURN, "pause_s": 0.5, "end": "leave"})
     try:
         final = await ended(call, registry, sid)
+    finally:
+        await user.stop()
+    assert final.phase == "Ended" and final.end_reason in ("AgentLeft", "Deleted"), final
+
+
+def post_session(call: LocalCall, room: str, agent: str, avatar: str) -> str:
+    """POST /v1/realtime_sessions with the body livekit-plugins-runway sends; returns the session id."""
+    token = (api.AccessToken(call.lk.api_key, call.lk.api_secret).with_kind("agent").with_identity(avatar)
+             .with_grants(api.VideoGrants(room_join=True, room=room))
+             .with_attributes({"lk.publish_on_behalf": agent}).to_jwt())
+    body = {"model": "gwm1_avatars", "avatar": {"type": "custom", "avatarId": "ada"},
+            "livekit": {"url": call.lk.url, "token": token, "roomName": room, "agentIdentity": agent}}
+    req = urllib.request.Request(call.api_url + "/v1/realtime_sessions", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Authorization": f"Bearer {call.cfg.api_key}",
+                                          "Content-Type": "application/json", "X-Runway-Version": "2024-11-06"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 201
+        return json.loads(r.read())["id"]
+
+
+async def test_an_agent_that_vanishes_ends_the_session(call: LocalCall, registry: Registry):
+    """An agent that drops out of the room with no END_CALL and no DELETE (a crash, a lost network): the worker
+    sees the agent participant leave and ends the session (AgentLeft) by itself."""
+    room, agent_identity, avatar = "room-vanish", "crashing-agent", "vivant-avatar-vanish"
+    agent = rtc.Room()
+    grants = api.VideoGrants(room_join=True, room=room, can_publish=True, can_subscribe=True, can_publish_data=True)
+    await agent.connect(call.lk.url, api.AccessToken(call.lk.api_key, call.lk.api_secret).with_kind("agent")
+                        .with_identity(agent_identity).with_grants(grants).to_jwt())
+    user = UserRecorder(call.lk.url, call.user_token(room), avatar)
+    try:
+        name = await asyncio.to_thread(post_session, call, room, agent_identity, avatar)
+        await user.start()
+        await until("the character's video at the user", lambda: len(user.rec.video) >= 12, 120)
+    finally:
+        await agent.disconnect()
+    try:
+        final = await ended(call, registry, f"local/{name}")
     finally:
         await user.stop()
     assert (final.phase, final.end_reason) == ("Ended", "AgentLeft"), final
