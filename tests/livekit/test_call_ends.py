@@ -9,7 +9,7 @@ agent to a new room with a script and joins as the "user" who receives the chara
 * the agent closes its session → the plugin's END_CALL → the worker leaves, the lease is released (EndCall);
 * the example agent leaves the room → AgentLeft, or Deleted by the plugin's fallback DELETE (whichever is first);
 * an agent that vanishes (no END_CALL, no DELETE) → AgentLeft;
-* maxDuration (the plugin's `max_duration`, 10 s) → MaxDuration;
+* maxDuration (the plugin's `max_duration`, 10 s) → the service's max-duration reason;
 * DELETE /v1/realtime_sessions/{id} on the API → Deleted;
 * the LiveKit server killed and restarted mid-call → the session ends with a reason and the worker is idle again,
   or it is still streaming to a user who joins after the restart; never a hang (bounded waits).
@@ -29,6 +29,7 @@ from livekit import api, rtc
 from vivant.bench.call_recorder import UserRecorder
 from vivant.bench.livekit_call import AVATAR_IDENTITY, POOL, CallConfig, LocalCall
 from vivant.sessions.registry import Registry
+from vivant.worker.serving.runner import MAX_DURATION_REASON
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 WORKER = "worker-0"
@@ -164,7 +165,7 @@ async def test_max_duration_ends_the_session(call: LocalCall, registry: Registry
         final = await ended(call, registry, sid, timeout=120)
     finally:
         await user.stop()
-    assert (final.phase, final.end_reason) == ("Ended", "MaxDuration"), final
+    assert (final.phase, final.end_reason) == ("Ended", MAX_DURATION_REASON), final
 
 
 async def test_delete_on_the_api_ends_the_session(call: LocalCall, registry: Registry):
