@@ -64,6 +64,7 @@ class UserRecorder:
         self.rec = Recording(audio_rate=audio_rate)
         self.room = rtc.Room()
         self._tasks: list[asyncio.Task] = []
+        self._streams: list[rtc.VideoStream | rtc.AudioStream] = []
 
     async def start(self) -> None:
         room = self.room
@@ -96,7 +97,9 @@ class UserRecorder:
         return any(p.identity == self.avatar_identity for p in self.room.remote_participants.values())
 
     async def _read_video(self, track: rtc.Track) -> None:
-        async for event in rtc.VideoStream(track):
+        stream = rtc.VideoStream(track)
+        self._streams.append(stream)
+        async for event in stream:
             now = time.time()
             rgb = event.frame.convert(rtc.VideoBufferType.RGB24)
             img = np.frombuffer(rgb.data, dtype=np.uint8).reshape(rgb.height, rgb.width, 3).copy()
@@ -104,15 +107,20 @@ class UserRecorder:
             self.rec.video.append(img)
 
     async def _read_audio(self, track: rtc.Track) -> None:
-        async for event in rtc.AudioStream(track, sample_rate=self.rec.audio_rate, num_channels=1):
+        stream = rtc.AudioStream(track, sample_rate=self.rec.audio_rate, num_channels=1)
+        self._streams.append(stream)
+        async for event in stream:
             self.rec.audio_t.append(time.time())
             self.rec.audio.append(np.frombuffer(event.frame.data, dtype=np.int16).copy())
 
     async def stop(self) -> Recording:
-        await self.room.disconnect()
+        """Close the streams, then leave (the SDK's native side must not outlive its Python objects)."""
+        for stream in self._streams:
+            await stream.aclose()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.room.disconnect()
         return self.rec
 
 
