@@ -242,11 +242,17 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
 
 
+def own_cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
 async def run_call(call: LocalCall, seconds: float) -> tuple[dict, object]:
     room = f"demo-{int(time.time())}"
     user = UserRecorder(call.lk.url, call.user_token(room), AVATAR_IDENTITY)
     cpu0 = {n: cpu_seconds(c.proc.pid) for n, c in call.children.items()}
     cpu0["livekit-server"] = cpu_seconds(call.lk.pid)
+    cpu0["user (this process)"] = own_cpu_seconds()
     wall0 = time.time()
     await call.dispatch(room, {"avatar": AVATAR_ID, "turns": SCRIPT_TURNS, "pause_s": 1.5, "repeat_for_s": seconds,
                                "end": "end_call"})
@@ -261,6 +267,7 @@ async def run_call(call: LocalCall, seconds: float) -> tuple[dict, object]:
         await asyncio.sleep(0.5)
     cpu1 = {n: cpu_seconds(c.proc.pid) for n, c in call.children.items()}
     cpu1["livekit-server"] = cpu_seconds(call.lk.pid)
+    cpu1["user (this process)"] = own_cpu_seconds()
     wall = time.time() - wall0
     left = seen and not user.avatar_present()
     rec = await user.stop()
@@ -339,6 +346,12 @@ def run(args: argparse.Namespace) -> int:
               "machine": {"cores": os.cpu_count(), "uptime": uptime, "platform": platform.platform()},
               "versions": versions(), "call": info, "stages": stage_times(out),
               "measurement": measurement.to_dict(), "turns": rec.turns, "mp4": str(mp4) if mp4 else None}
+    chunks = report["stages"].get("chunks")
+    if chunks:  # CPU the worker spent per chunk (all its ranks) against the 166.7 ms a chunk plays
+        per_chunk = info["cpu_s"]["worker"] * 1000 / chunks
+        report["stages"]["worker_cpu_ms_per_chunk"] = round(per_chunk, 1)
+        report["stages"]["cores_for_24fps"] = round(per_chunk / (4 / 24 * 1000), 2)
+        report["stages"]["worker_cores_given"] = round(info["cpu_s"]["worker"] / info["wall_s"], 2)
     (out / "call.json").write_text(json.dumps(report, indent=1))
     (out / "call.md").write_text(markdown(report))
     print(markdown(report))
