@@ -9,11 +9,12 @@ are the same clock). `CallMeasurement.from_recording` turns that into the call's
 * frames received, received fps = (frames − 1) / (last arrival − first arrival);
 * freezes: gaps between consecutive video arrivals > 2 frame intervals (2/24 s), counted, summed, longest;
 * mouth opening per received frame: the dark-pixel fraction (luma < 0.25) of the reference character's mouth
-  box (vivant.worker.quality.lipsync.mouth_opening, the quality gate's lip-sync proxy). **Mouth moving** =
-  opening above the idle level: baseline = median opening of the frames received before the first turn's
-  audio was sent, threshold = baseline + max(0.03, 4 × 1.4826 × MAD of those frames);
-* turn latency, per turn: the agent's first audio sample sent → arrival of the first frame after it whose
-  mouth is moving (as defined above);
+  box (vivant.worker.quality.lipsync.mouth_opening, the quality gate's lip-sync proxy; 0 for the reference
+  character's closed lips, 0.05-0.3 open). **Mouth moving** = opening above the resting level by more than 0.03
+  (3 % of the box): resting level = the 10th percentile of the call's openings (the closed mouth of the pauses
+  between turns), or the median of the frames received before the first turn when that is lower (≥ 12 frames);
+* turn latency, per turn: the agent's first audio sample sent → arrival of the first frame after it (and
+  before the next turn's) whose mouth is moving (as defined above);
 * A/V offset at the receiver: the received audio's loudness (RMS per 10 ms frame, at arrival time) and the
   received mouth opening (held per frame, at arrival time), both on a 10 ms grid, cross-correlated over lags of
   ±500 ms; the offset is the lag of the peak (positive: the mouth moves after the sound it goes with), with the
@@ -39,6 +40,7 @@ from livekit import rtc
 AGENT_EVENTS_TOPIC = "vivant.agent"
 FREEZE_INTERVALS = 2.0
 GRID_S = 0.010
+MOUTH_OPEN_DELTA = 0.03  # a mouth is open when this much more of its box is dark than at rest
 MAX_LAG_S = 0.5
 
 
@@ -52,7 +54,7 @@ class Recording:
     audio: list[np.ndarray] = field(default_factory=list)  # int16 mono per received frame
     audio_rate: int = 48000
     turns: list[dict] = field(default_factory=list)  # the agent's per-turn events
-    joined_at: float = 0.0
+    joined_at: float = 0.0  # unix s; the MP4's time 0 is video_t[0]
     left: dict[str, float] = field(default_factory=dict)  # identity -> when it left
 
 
@@ -160,14 +162,14 @@ class CallMeasurement:
         sent = sorted(t["audio_sent_at"] for t in rec.turns if t.get("audio_sent_at"))
         first_turn = sent[0] if sent else (vt[-1] if n else 0.0)
         idle = opening[vt < first_turn] if n else opening
-        if len(idle) < 5:
-            idle = opening[: max(1, min(24, n))]
-        base = float(np.median(idle)) if len(idle) else 0.0
-        mad = float(np.median(np.abs(idle - base))) if len(idle) else 0.0
-        threshold = base + max(0.03, 4 * 1.4826 * mad)
+        base = float(np.percentile(opening, 10)) if n else 0.0  # the closed mouth of the pauses between turns
+        if len(idle) >= 12:
+            base = min(base, float(np.median(idle)))
+        threshold = base + MOUTH_OPEN_DELTA
         latencies: list[float | None] = []
-        for t0 in sent:
-            moving = np.nonzero((vt >= t0) & (opening > threshold))[0]
+        for i, t0 in enumerate(sent):
+            t_next = sent[i + 1] if i + 1 < len(sent) else np.inf
+            moving = np.nonzero((vt >= t0) & (vt < t_next) & (opening > threshold))[0]
             latencies.append(round(float(vt[moving[0]] - t0), 4) if len(moving) else None)
         offset, r = av_offset(rec, vt, opening)
         audio_s = sum(len(a) for a in rec.audio) / rec.audio_rate
