@@ -346,7 +346,7 @@ def run(args: argparse.Namespace) -> int:
               "machine": {"cores": os.cpu_count(), "uptime": uptime, "platform": platform.platform()},
               "versions": versions(), "call": info, "stages": stage_times(out),
               "measurement": measurement.to_dict(), "turns": rec.turns,
-              "first_video_at": rec.video_t[0] if rec.video_t else None, "mp4": str(mp4) if mp4 else None}
+              "first_video_at": rec.video_t[0] if rec.video_t else None, "mp4": mp4.name if mp4 else None}
     chunks = report["stages"].get("chunks")
     if chunks:  # CPU the worker spent per chunk (all its ranks) against the 166.7 ms a chunk plays
         per_chunk = info["cpu_s"]["worker"] * 1000 / chunks
