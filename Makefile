@@ -21,12 +21,14 @@ APT_PACKAGES := redis-server espeak-ng sox openssl
 APT_NORECOMMENDS := prometheus
 DEMO_SECONDS ?= 10
 DEMO_OUT ?= out/demo.mp4
+DEMO_LIVEKIT_OUT ?= out/livekit
 PYTEST_ARGS ?=
 
-.PHONY: help install sysdeps demo test test-gpu lint check-imports crds helm cluster-bin requirements images push-images image-names clean
+.PHONY: help install sysdeps demo demo-livekit test test-gpu lint check-imports crds helm cluster-bin requirements images push-images image-names clean
 
 help:
 	@echo "make demo   - install, then render a short talking-character video (out/demo.mp4)"
+	@echo "make demo-livekit - the whole LiveKit call locally (server, API, worker, agent, user): out/livekit/"
 	@echo "make test   - install, then lint + import-direction check + the CPU test suite"
 	@echo "make test-gpu - the GPU-marked tests (on a machine with CUDA)"
 	@echo "make images - build the control-plane and worker images (docs/deploy.md)"
@@ -110,6 +112,13 @@ push-images: images
 
 demo: $(STAMP) sysdeps
 	$(VENV)/bin/vivant demo --seconds $(DEMO_SECONDS) --out $(DEMO_OUT)
+
+# The whole LiveKit call on this machine (docs/livekit.md): livekit-server, the session API in local mode, a
+# worker, the example voice agent (livekit-plugins-runway pointed at vivant) and a recording user; writes
+# $(DEMO_LIVEKIT_OUT)/call.mp4 (what the user received), call.json and call.md (received fps, freezes, A/V offset,
+# turn latency).
+demo-livekit: $(STAMP) sysdeps
+	$(VENV)/bin/vivant bench call --seconds $(DEMO_SECONDS) --out $(DEMO_LIVEKIT_OUT)
 
 test: $(STAMP) sysdeps lint check-imports cluster-bin
 	TRITON_INTERPRET=1 $(VENV)/bin/pytest -q -m "not gpu" $(PYTEST_ARGS)

@@ -2,6 +2,7 @@
 
   step    the DiT chunk step (bench/step.py)
   decode  the VAE decoder and the two-stage pipeline (bench/decode.py)
+  call    the whole LiveKit call on this machine, measured at the receiving participant (bench/livekit_call.py)
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-BENCHES = {"step": "vivant.bench.step", "decode": "vivant.bench.decode"}
+BENCHES = {"step": "vivant.bench.step", "decode": "vivant.bench.decode", "call": "vivant.bench.livekit_call"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

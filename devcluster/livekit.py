@@ -94,9 +94,25 @@ class LocalLiveKit:
         if self.running():
             assert self.state is not None
             return self.state
-        binary = ensure_livekit_server(log=self.log)
         self.dir.mkdir(parents=True, exist_ok=True)
         ports = {"http": _free_port(), "tcp": _free_port(), "udp": _free_port(socket.SOCK_DGRAM)}
+        return self._start(ports, timeout)
+
+    def restart(self, timeout: float = 30.0) -> LiveKitState:
+        """Kill the running server (SIGKILL: every room and connection is lost, as in a crash) and start a new
+        one on the same ports with the same keys, so clients can reconnect to the same URL."""
+        if self.state is None:
+            raise RuntimeError("livekit-server: restart of a server that is not running")
+        ports = dict(self.state.ports)
+        try:
+            os.killpg(self.state.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        _reap(self.state.pid, 5.0)
+        return self._start(ports, timeout)
+
+    def _start(self, ports: dict[str, int], timeout: float) -> LiveKitState:
+        binary = ensure_livekit_server(log=self.log)
         cfg = self.dir / "livekit.yaml"
         cfg.write_text(yaml.safe_dump(config(ports["http"], ports["tcp"], ports["udp"], self.api_key, self.api_secret)))
         cfg.chmod(0o600)
@@ -143,6 +159,22 @@ class LocalLiveKit:
                 break
         (self.dir / "livekit.json").unlink(missing_ok=True)
         self.state = None
+
+
+def _reap(pid: int, wait: float) -> None:
+    """Wait up to `wait` s for `pid` (our child or not) to be gone."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:
+            pass
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
 
 
 def _ready(http_url: str) -> bool:

@@ -348,7 +348,8 @@ class SessionApi:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0: it serves a Service)")
+    parser.add_argument("--host", default=None,
+                        help="listen address (default 0.0.0.0: it serves a Service; 127.0.0.1 with --local)")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--namespace", default=os.environ.get("VIVANT_NAMESPACE", "default"),
                         help="namespace of the CharacterSessions and WorkerPools it serves")
@@ -357,6 +358,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="API keys, one per line (a mounted Kubernetes Secret); re-read on change")
     parser.add_argument("--keys-env", default="VIVANT_API_KEYS",
                         help="environment variable with comma-separated API keys (from a Secret)")
+    parser.add_argument("--local", action="store_true",
+                        help="no cluster: hand sessions to idle workers through the Redis registry "
+                             "(vivant.gateway.local); avatars' pools are the workers' --pool names")
+    parser.add_argument("--redis", default=os.environ.get("VIVANT_REDIS_URL", "redis://127.0.0.1:6379/0"),
+                        help="with --local: the session registry's Redis URL (env VIVANT_REDIS_URL)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -373,10 +379,14 @@ def run(args: argparse.Namespace) -> int:
     if not keys.current():
         print(f"vivant api: no API keys: give --keys-file or set ${args.keys_env}")
         return 2
+    if args.local:
+        from vivant.gateway.local import run_local
+
+        return run_local(config, keys, args.redis, args.host or "127.0.0.1", args.port)
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config()
     api = SessionApi(config, keys, kubernetes.client.ApiClient(), ApiMetrics())
-    web.run_app(api.app(), host=args.host, port=args.port, access_log=None)
+    web.run_app(api.app(), host=args.host or "0.0.0.0", port=args.port, access_log=None)
     return 0
