@@ -15,6 +15,7 @@ Key layout (prefix `vivant:`), per pool P and worker W, session S:
   session_worker   hash   S -> W
   worker:W         string WorkerInfo JSON
   worker:W:hb      string heartbeat, expires after heartbeat_ttl_s; value = the worker's stats JSON
+  worker_seen      hash   W -> Redis time (ms) of its last registration or heartbeat
   worker:W:inbox   list   Assignment / EndRequest JSON, operator RPUSHes, worker LMOVEs ->
   worker:W:processing list  popped but not yet acknowledged (requeued if the worker restarts)
   session:S:stats  string SessionStats JSON (kept a day)
@@ -23,6 +24,15 @@ Key layout (prefix `vivant:`), per pool P and worker W, session S:
 
 Outages: every public method raises `RegistryUnavailable` (wrapping redis' ConnectionError/TimeoutError)
 when Redis cannot be reached; callers decide to retry (operator) or carry on (a streaming worker).
+
+Alive vs dead (docs/reliability.md): the heartbeat key (TTL `heartbeat_ttl_s`) decides who may be
+*claimed*; a worker is *reaped* (its session failed) only once it has been silent for `reap_grace_s`,
+and silence is counted from the latest of its last heartbeat, the moment Redis last started (a restart,
+persisted or empty) and the moment this client last regained Redis after failing to reach it. So an
+outage of Redis, or between the operator and Redis, never fails a session by itself: the workers, which
+kept streaming, get `reap_grace_s` of reachable Redis to heartbeat again. A Redis restarted empty is
+rebuilt from what the workers know (`register` with the session they stream) and what the CRs know
+(`restore_lease`, called by the operator for a session whose status names its worker).
 """
 
 from __future__ import annotations
@@ -80,13 +90,16 @@ def redis_client(url: str) -> redis.Redis:
 
 
 def guarded(fn: Callable[P, T]) -> Callable[P, T]:
-    """Turn redis' connection-level errors into RegistryUnavailable (keeps the cause)."""
+    """Turn redis' connection-level errors into RegistryUnavailable (keeps the cause). An object with a
+    `last_unavailable` attribute has it set to the monotonic time of the failure."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return fn(*args, **kwargs)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if args and hasattr(args[0], "last_unavailable"):
+                args[0].last_unavailable = time.monotonic()  # type: ignore[attr-defined]
             raise RegistryUnavailable(f"redis unavailable during {fn.__name__}: {exc}") from exc
 
     return wrapper
@@ -106,6 +119,10 @@ _LUA_HELPERS = """
 local pfx = ARGV[1]
 local function pk(pool, what) return pfx .. 'pool:' .. pool .. ':' .. what end
 local function hb(w) return pfx .. 'worker:' .. w .. ':hb' end
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 """
 
 # ARGV: prefix, pool, session -> worker id | false
@@ -160,6 +177,7 @@ redis.call('SET', pfx .. 'worker:' .. w, info)
 redis.call('HSET', pfx .. 'worker_pool', w, pool)
 redis.call('SADD', pk(pool, 'workers'), w)
 redis.call('SET', hb(w), '{}', 'PX', ttl)
+redis.call('HSET', pfx .. 'worker_seen', w, now_ms())
 if warm == '1' then redis.call('SADD', pk(pool, 'warm'), w) else redis.call('SREM', pk(pool, 'warm'), w) end
 local result = 1
 if session ~= '' then
@@ -181,11 +199,38 @@ end
 return result
 """
 
-# ARGV: prefix, pool, worker, ttl ms, stats json -> 1 | 0 unknown worker (must re-register)
+# ARGV: prefix, pool, worker, ttl ms, stats json -> 1 | 0 unknown worker (must re-register; also when
+# only its lease is known, restored from a CR after Redis came back empty)
 _HEARTBEAT = _LUA_HELPERS + """
 local pool, w = ARGV[2], ARGV[3]
-if redis.call('SISMEMBER', pk(pool, 'workers'), w) == 0 then return 0 end
+if redis.call('SISMEMBER', pk(pool, 'workers'), w) == 0 or redis.call('EXISTS', pfx .. 'worker:' .. w) == 0 then
+  return 0
+end
 redis.call('SET', hb(w), ARGV[5], 'PX', tonumber(ARGV[4]))
+redis.call('HSET', pfx .. 'worker_seen', w, now_ms())
+return 1
+"""
+
+# ARGV: prefix, pool, worker, session -> 1 the worker holds the session's lease (now or already) | 0 not
+# possible: the session is lost, held by another worker, or the worker holds another session.
+# The worker joins the pool's workers (without a heartbeat), so the reaper fails the session if the
+# worker never comes back within the grace.
+_RESTORE = _LUA_HELPERS + """
+local pool, w, session = ARGV[2], ARGV[3], ARGV[4]
+local sw = pfx .. 'session_worker'
+local holder = redis.call('HGET', sw, session)
+if holder then return holder == w and 1 or 0 end
+if redis.call('EXISTS', pfx .. 'session:' .. session .. ':lost') == 1 then return 0 end
+local mine = redis.call('HGET', pk(pool, 'busy'), w)
+if mine and mine ~= session then return 0 end
+local oldpool = redis.call('HGET', pfx .. 'worker_pool', w)
+if oldpool and oldpool ~= pool then return 0 end
+redis.call('HSET', pk(pool, 'busy'), w, session)
+redis.call('HSET', sw, session, w)
+redis.call('SREM', pk(pool, 'idle'), w)
+redis.call('SADD', pk(pool, 'workers'), w)
+redis.call('HSET', pfx .. 'worker_pool', w, pool)
+redis.call('HSETNX', pfx .. 'worker_seen', w, now_ms())
 return 1
 """
 
@@ -206,6 +251,7 @@ local function drop(pool, w, why)
   for _, what in ipairs({'workers', 'warm', 'idle', 'draining'}) do redis.call('SREM', pk(pool, what), w) end
   redis.call('DEL', pfx .. 'worker:' .. w)
   redis.call('DEL', hb(w))
+  redis.call('HDEL', pfx .. 'worker_seen', w)
   local s = redis.call('HGET', pk(pool, 'busy'), w)
   redis.call('HDEL', pk(pool, 'busy'), w)
   if s then
@@ -217,12 +263,16 @@ local function drop(pool, w, why)
 end
 """
 
-# ARGV: prefix, pool, ttl s -> flat list [w1, s1, w2, s2, ...] ('' = no session)
+# ARGV: prefix, pool, grace ms, settled ms (how long Redis has been reachable: its uptime, or since this
+# client regained it), ttl s -> flat list [w1, s1, w2, s2, ...] ('' = no session)
 _REAP = _LUA_HELPERS + _DROP_WORKER_FN + """
-local pool = ARGV[2]
+local pool, grace, settled = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local now = now_ms()
 local out = {}
 for _, w in ipairs(redis.call('SMEMBERS', pk(pool, 'workers'))) do
-  if redis.call('EXISTS', hb(w)) == 0 then
+  local seen = tonumber(redis.call('HGET', pfx .. 'worker_seen', w) or '0')
+  local silent = math.min(now - seen, settled)
+  if redis.call('EXISTS', hb(w)) == 0 and silent > grace then
     local s = drop(pool, w, 'heartbeat of worker ' .. w .. ' expired')
     table.insert(out, w)
     table.insert(out, s)
@@ -299,14 +349,23 @@ class Registry:
     connections), so a worker's heartbeat thread and its main loop may share it.
 
     `redis`: a URL (a fail-fast client is built, see `redis_client`) or a ready `redis.Redis`.
-    `heartbeat_ttl_s`: a worker whose heartbeat is older than this is dead; it should beat every ttl/3.
+    `heartbeat_ttl_s`: a worker whose heartbeat is older than this is not claimed; it beats every ttl/3.
+    `reap_grace_s`: a worker silent this long while Redis was reachable is dead (its session failed);
+    at least `heartbeat_ttl_s`, which is the default (the operator configures 30 s). Outages of Redis
+    shorter than it, and restarts of Redis after any outage, lose no session (docs/reliability.md).
     """
 
-    def __init__(self, redis_: str | redis.Redis, *, heartbeat_ttl_s: float = 10.0, prefix: str = PREFIX) -> None:
+    def __init__(self, redis_: str | redis.Redis, *, heartbeat_ttl_s: float = 10.0, reap_grace_s: float | None = None,
+                 prefix: str = PREFIX) -> None:
         if heartbeat_ttl_s <= 0:
             raise ValueError(f"heartbeat_ttl_s: expected > 0 seconds, got {heartbeat_ttl_s}")
+        reap_grace_s = heartbeat_ttl_s if reap_grace_s is None else reap_grace_s
+        if reap_grace_s < heartbeat_ttl_s:
+            raise ValueError(f"reap_grace_s: expected >= heartbeat_ttl_s ({heartbeat_ttl_s} s), got {reap_grace_s}")
         self.redis = redis_client(redis_) if isinstance(redis_, str) else redis_
         self.heartbeat_ttl_s = heartbeat_ttl_s
+        self.reap_grace_s = reap_grace_s
+        self.last_unavailable: float | None = None  # monotonic time of the last failure to reach Redis
         self.prefix = prefix
         r = self.redis
         self._claim = r.register_script(_CLAIM)
@@ -319,6 +378,7 @@ class Registry:
         self._abandon = r.register_script(_ABANDON)
         self._counts = r.register_script(_COUNTS)
         self._drain = r.register_script(_DRAIN)
+        self._restore = r.register_script(_RESTORE)
 
     # -- key names ---------------------------------------------------------------------------------
     def _k(self, *parts: str) -> str:
@@ -490,15 +550,31 @@ class Registry:
         self.redis.rpush(self.inbox_key(worker_id), EndRequest(session_id=session_id, reason=reason).model_dump_json())
 
     @guarded
+    def restore_lease(self, pool: str, worker_id: str, session_id: str) -> bool:
+        """Rebuild a lease the CharacterSession knows (its status names the worker) after Redis lost it.
+        True if `worker_id` now holds `session_id`; False when that would double-assign (the worker holds
+        another session, or the session another worker) or the session was marked lost."""
+        return bool(self._restore(args=[self.prefix, pool, worker_id, session_id]))
+
+    @guarded
+    def leases(self, pool: str) -> dict[str, str]:
+        """worker -> session of every lease in `pool`."""
+        return {_s(w): _s(s) for w, s in self.redis.hgetall(self._k("pool", pool, "busy")).items()}  # type: ignore[misc]
+
+    @guarded
     def release(self, pool: str, worker_id: str, session_id: str) -> bool:
         """Free the lease only if `worker_id` still holds `session_id` (True); otherwise change nothing."""
         return bool(self._release(args=[self.prefix, pool, worker_id, session_id]))
 
     @guarded
     def reap_dead_workers(self, pool: str) -> list[tuple[str, str | None]]:
-        """Remove workers whose heartbeat expired; returns (worker_id, session it held or None) so the
-        operator can mark those sessions Failed. Their sessions are marked lost."""
-        flat = [_s(x) for x in self._reap(args=[self.prefix, pool, SESSION_RECORD_TTL_S])]
+        """Remove workers silent for `reap_grace_s` while Redis was reachable; returns (worker_id, session
+        it held or None) so the operator can mark those sessions Failed. Their sessions are marked lost."""
+        settled_s = float(self.redis.info("server")["uptime_in_seconds"]) + 1.0  # whole seconds, rounded down
+        if self.last_unavailable is not None:
+            settled_s = min(settled_s, time.monotonic() - self.last_unavailable)
+        flat = [_s(x) for x in self._reap(args=[self.prefix, pool, int(self.reap_grace_s * 1000),
+                                                int(settled_s * 1000), SESSION_RECORD_TTL_S])]
         return [(flat[i], flat[i + 1] or None) for i in range(0, len(flat), 2)]  # type: ignore[misc]
 
     @guarded
