@@ -272,6 +272,10 @@ class SessionApi:
                 code = "not_found" if exc.status == 404 else "method_not_allowed"
                 return ApiFailure(exc.status, code, f"{request.method} {request.path}: {exc.reason}").response()
             raise
+        except self._api_exception as exc:  # an answer of the apiserver no step expected (403, 415, ...)
+            log.error("%s %s: Kubernetes API answered %s %s", request.method, request.path, exc.status, exc.reason)
+            return ApiFailure(502, "kubernetes_error", f"Kubernetes API answered {exc.status} {exc.reason}", None,
+                              retry).response()
 
     async def healthz(self, request: web.Request) -> web.Response:
         """Liveness: the process answers."""

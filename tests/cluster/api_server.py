@@ -1,0 +1,104 @@
+"""Run the session API (`vivant.gateway.server.SessionApi`) in this process on a loopback port, in a thread
+with its own event loop, against the real apiserver of the local cluster (directly, or through a
+`FaultProxy`). Plus a small HTTP client that retries like a hosted-avatar plugin does."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import kubernetes
+from aiohttp import web
+from vivant.gateway import server as session_api
+
+KEY = "vk_cluster_test_0123456789"
+
+
+class ApiServer:
+    def __init__(self, kubeconfig: str, namespace: str, avatars: dict[str, dict[str, str]], *,
+                 upstream: str | None = None, limits: dict[str, Any] | None = None) -> None:
+        if upstream is None:
+            client = kubernetes.config.new_client_from_config(config_file=kubeconfig)
+        else:  # plain HTTP to the fault proxy, which holds the credentials
+            cfg = kubernetes.client.Configuration(host=upstream)
+            cfg.connection_pool_maxsize = 32
+            client = kubernetes.client.ApiClient(cfg)
+        client.configuration.connection_pool_maxsize = 32
+        self.client = client
+        config = session_api.ApiConfig(
+            namespace=namespace, retry_after_s=1,
+            avatars={k: session_api.AvatarEntry(**v) for k, v in avatars.items()},
+            limits=session_api.ApiLimits.model_validate(limits or {}))
+        self.api = session_api.SessionApi(config, session_api.ApiKeys(static=(KEY,)), client)
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        if not self._ready.wait(15):
+            raise RuntimeError("session API did not start")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+
+        async def start() -> None:
+            self._runner = web.AppRunner(self.api.app(), access_log=None)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, "127.0.0.1", 0)
+            await site.start()
+            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+        self._loop.run_until_complete(start())
+        self._ready.set()
+        self._loop.run_forever()
+
+    def run(self, coro: Any, timeout: float = 120) -> Any:
+        """Run a coroutine on the API's loop (e.g. `api.collect_orphans()`)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self.client.close()
+
+
+def call(base: str, method: str, path: str, body: Any = None, *, key: str = KEY, headers: dict[str, str] | None = None,
+         timeout: float = 60) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """(status, JSON body, headers); status 0 when no answer came (refused, reset, timed out)."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(base + path, method=method, data=data,
+                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json",
+                                          **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+            return resp.status, json.loads(raw) if raw else {}, dict(resp.headers)
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        return exc.code, json.loads(raw) if raw.startswith(b"{") else {"raw": raw.decode(errors="replace")}, dict(
+            exc.headers)
+    except (OSError, urllib.error.URLError) as exc:
+        return 0, {"error": repr(exc)}, {}
+
+
+def create_with_retries(base: str, body: dict[str, Any], *, attempts: int = 5,
+                        headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any], int]:
+    """POST like a hosted-avatar plugin: the same body again on a 5xx or no answer, after a short wait.
+    Returns (final status, final body, attempts made)."""
+    status, got = 0, {}
+    for i in range(attempts):
+        status, got, _ = call(base, "POST", "/v1/realtime_sessions", body, headers=headers)
+        if 0 < status < 500:
+            return status, got, i + 1
+        time.sleep(0.2 * (i + 1))
+    return status, got, attempts
