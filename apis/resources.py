@@ -61,21 +61,23 @@ POOL_ID = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 LIVEKIT_NAME_MAX_BYTES = 256
 
 
-def _livekit_name(what: str) -> AfterValidator:
+def _livekit_name(empty: str, too_long: str) -> AfterValidator:
+    """LiveKit's own checks, with its own words (livekit-server's ValidateConnectRequest)."""
     def check(value: str) -> str:
         if not value:
-            raise ValueError(f"LiveKit refuses an empty {what}")
+            raise ValueError(f"LiveKit refuses it: {empty}")
         if len(value.encode("utf-8", "surrogatepass")) > LIVEKIT_NAME_MAX_BYTES:
-            raise ValueError(f"{what} length exceeds LiveKit's limits: max length {LIVEKIT_NAME_MAX_BYTES} bytes")
+            raise ValueError(f"LiveKit refuses it: {too_long}: max length {LIVEKIT_NAME_MAX_BYTES} (bytes of UTF-8)")
         return value
     return AfterValidator(check)
 
 
-# What LiveKit accepts, no more restricted (docs/livekit.md): the schema bound is in characters, the
-# validator checks LiveKit's byte limit with LiveKit's reason.
-LiveKitRoomName = Annotated[str, Field(min_length=1, max_length=LIVEKIT_NAME_MAX_BYTES), _livekit_name("room name")]
-LiveKitIdentity = Annotated[str, Field(min_length=1, max_length=LIVEKIT_NAME_MAX_BYTES),
-                            _livekit_name("participant identity")]
+# What LiveKit accepts, no more restricted (docs/livekit.md). The schema states the bounds (in characters:
+# all a JSON schema can say); the validator checks LiveKit's byte limit and answers with LiveKit's reason.
+_LIVEKIT_BOUNDS = Field(json_schema_extra={"minLength": 1, "maxLength": LIVEKIT_NAME_MAX_BYTES})
+LiveKitRoomName = Annotated[str, _LIVEKIT_BOUNDS, _livekit_name("no room name", "room name length exceeds limits")]
+LiveKitIdentity = Annotated[str, _LIVEKIT_BOUNDS, _livekit_name("identity cannot be empty",
+                                                                 "participant identity length exceeds limits")]
 
 # Kubernetes label syntax (what the API server checks on a pod's nodeSelector, tolerations and node affinity).
 # A key is an optional DNS-subdomain prefix (<= 253 characters) and `/`, then a name of <= 63 characters

@@ -76,6 +76,7 @@ API_CREATOR = cap.API_CREATOR
 ANNOTATION_AVATAR = "vivant.dev/avatar"
 ANNOTATION_DIGEST = "vivant.dev/request-digest"
 MAX_BODY_BYTES = 64 * 1024
+MAX_JSON_DEPTH = 32  # the documented body nests 3 levels; anything deeper is refused, whatever the parser manages
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 TOKEN_MISSING_REASON = "TokenSecretMissing"  # the operator's Ready reason while a session's Secret is missing
 
@@ -188,6 +189,17 @@ class ApiFailure(Exception):
 
 class _Exists(Exception):  # noqa: N818
     """A create answered 409 AlreadyExists (an earlier attempt of ours, or a concurrent retry, made it)."""
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of parsed JSON, without recursion (a deep value must not exhaust the stack here)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
 
 
 def request_digest(body: m.CreateSessionRequest) -> str:
@@ -359,6 +371,9 @@ class SessionApi:
         if not isinstance(data, dict):
             raise ApiFailure(400, "malformed_body", f"request body: expected a JSON object, got {type(data).__name__}",
                              "body")
+        if _depth(data) > MAX_JSON_DEPTH:
+            raise ApiFailure(400, "malformed_body", f"request body is nested too deeply (over {MAX_JSON_DEPTH} "
+                             "levels): expected a JSON object of the documented shape", "body")
         try:
             return m.CreateSessionRequest.model_validate(data)
         except pydantic.ValidationError as exc:

@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import socket
 from typing import Any
 
 import kubernetes
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from conftest import free_port
 from vivant.gateway import models as m
 from vivant.gateway import server as session_api
 
@@ -31,9 +31,16 @@ def body(**livekit: Any) -> dict[str, Any]:
     return {"avatar": {"type": "custom", "avatarId": "ada"}, "livekit": lk}
 
 
+def closed_port() -> int:
+    """A loopback port where nothing listens."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture
 async def client() -> Any:
-    kube = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=f"http://127.0.0.1:{free_port()}"))
+    kube = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=f"http://127.0.0.1:{closed_port()}"))
     config = session_api.ApiConfig(namespace="team-a", avatars={
         "ada": session_api.AvatarEntry(character="ada-v1", pool="h200")},
         limits=session_api.ApiLimits(kube_attempts=1, kube_timeout_s=2))
@@ -99,15 +106,16 @@ async def test_bad_idempotency_key_is_400_naming_the_header(client: Any, header:
 
 
 @pytest.mark.parametrize(("field", "value", "reason"), [
-    ("roomName", "", "at least 1 character"),
-    ("roomName", "r" * 257, "at most 256 characters"),
-    ("roomName", "é" * 129, "exceeds LiveKit's limits: max length 256 bytes"),  # 129 chars, 258 bytes
-    ("agentIdentity", "", "at least 1 character"),
-    ("agentIdentity", "ü" * 200, "exceeds LiveKit's limits: max length 256 bytes"),
+    ("roomName", "", "no room name"),
+    ("roomName", "r" * 257, "room name length exceeds limits: max length 256"),
+    ("roomName", "é" * 129, "room name length exceeds limits: max length 256"),  # 129 chars, 258 bytes
+    ("agentIdentity", "", "identity cannot be empty"),
+    ("agentIdentity", "ü" * 200, "participant identity length exceeds limits: max length 256"),
 ])
 async def test_only_what_livekit_refuses_is_refused_with_its_reason(client: Any, field: str, value: str,
                                                                     reason: str) -> None:
-    """Fact 11, the refusing half: LiveKit refuses an empty name and one over 256 bytes; so does the API."""
+    """Fact 11, the refusing half: LiveKit refuses an empty name and one over 256 bytes; so does the API, in
+    LiveKit's words (tests/livekit/test_livekit_names.py asks a real livekit-server)."""
     resp = await client.post(m.ROUTE_COLLECTION, json=body(**{field: value}), headers=AUTH)
     got = await resp.json()
     assert resp.status == 422 and got["error"]["field"] == f"livekit.{field}", (resp.status, got)
