@@ -32,11 +32,15 @@ _ID = {"name": "id", "in": "path", "required": True,
 
 
 @functools.cache
-def openapi_document() -> dict[str, Any]:
-    """The document (a fresh dict is not needed by callers: it is never mutated)."""
+def openapi_document(avatar_ids: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The document; with `avatar_ids` (the avatars this server serves), `avatarId`/`presetId` list them as
+    an enum, so a generated request can name one. Callers never mutate the (cached) result."""
     models = [(m.CreateSessionRequest, "validation"), (m.CreateSessionResponse, "serialization"),
               (m.SessionStatusResponse, "serialization"), (m.ApiError, "serialization")]
     _, schemas = models_json_schema(models, by_alias=True, ref_template=_REF)
+    if avatar_ids:
+        schemas["$defs"]["CustomAvatar"]["properties"]["avatarId"]["enum"] = list(avatar_ids)
+        schemas["$defs"]["PresetAvatar"]["properties"]["presetId"]["enum"] = list(avatar_ids)
     json_body = {"application/json": {"schema": {"$ref": _REF.format(model="CreateSessionRequest")}}}
     unavailable = _error("overloaded, pool unknown or full, or the Kubernetes API unreachable: retry after "
                          "Retry-After", _RETRY_AFTER)

@@ -301,7 +301,7 @@ class SessionApi:
         return web.json_response({"ready": ready, "gates": gates}, status=200 if ready else 503)
 
     async def openapi(self, request: web.Request) -> web.Response:
-        return web.json_response(openapi_document())
+        return web.json_response(openapi_document(tuple(sorted(self.config.avatars))))
 
     def _authorize(self, request: web.Request) -> str:
         """The presented API key, once accepted (401 otherwise)."""

@@ -1,5 +1,6 @@
 """The session API on the real apiserver of the local cluster: atomic capacity, LiveKit's own name rules,
-pools the operator rejects, a failing apiserver (through a fault-injecting proxy) and bursts.
+pools the operator rejects, a failing apiserver (through a fault-injecting proxy), bursts, and schemathesis
+fuzzing the live API against its own OpenAPI document (bounded examples, loopback only).
 
 The API runs in this process (`api_server.ApiServer`) so a test can give it limits, put the fault proxy in
 front of its apiserver, and count what it did; the operator is the helm-installed release (it marks a
@@ -11,11 +12,15 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import shutil
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -58,8 +63,9 @@ def pools(kube: Kube, vivant_release: str, namespace: str) -> Iterator[str]:
 def serve(kube: Kube, pools: str) -> Iterator[Callable[..., ApiServer]]:
     made: list[Any] = []
 
-    def make(*, proxy: FaultProxy | None = None, **limits: Any) -> ApiServer:
-        api = ApiServer(str(kube.kubeconfig), pools, AVATARS, upstream=proxy.url if proxy else None, limits=limits)
+    def make(*, proxy: FaultProxy | None = None, avatars: dict[str, dict[str, str]] = AVATARS,
+             **limits: Any) -> ApiServer:
+        api = ApiServer(str(kube.kubeconfig), pools, avatars, upstream=proxy.url if proxy else None, limits=limits)
         made.append(api)
         return api
 
@@ -254,3 +260,51 @@ def test_a_burst_is_shed_at_once_and_abandoned_requests_are_not_carried_out(
     assert len(names) == codes[201], (len(names), codes)
     print(f"\nburst {burst}+2: {dict(codes)}; shed {gate.shed}, abandoned {gate.abandoned}")
     proxy.close()
+
+
+# ------------------------------------------------------------------------------ schemathesis
+
+MAX_EXAMPLES = 15
+CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,"
+          "response_schema_conformance,negative_data_rejection,ignored_auth")
+
+
+@pytest.mark.timeout(300)
+def test_schemathesis_finds_no_server_error_and_no_auth_bypass(kube: Kube, pools: str,
+                                                               serve: Callable[..., ApiServer], tmp_path: Path) -> None:
+    api = serve(avatars={"big": AVATARS["big"]})  # a pool with room for every session the fuzzer creates
+    exe = shutil.which("schemathesis", path=str(Path(sys.executable).parent))
+    assert exe, "schemathesis is in the dev extra (make install)"
+    out = subprocess.run(
+        [exe, "run", f"{api.url}/openapi.json", "-H", f"Authorization: Bearer {KEY}", "--checks", CHECKS,
+         "--max-examples", str(MAX_EXAMPLES), "--seed", "15", "--workers", "1", "--no-shrink",
+         "--request-timeout", "30", "--report", "ndjson", "--report-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=240)
+    tail = (out.stdout + out.stderr)[-6000:]
+    assert out.returncode == 0, tail
+    statuses: dict[int, int] = {}
+    for line in (tmp_path / next(p.name for p in tmp_path.iterdir() if p.suffix == ".ndjson")).read_text().splitlines():
+        for status in _statuses(json.loads(line)):
+            statuses[status] = statuses.get(status, 0) + 1
+    requests = sum(statuses.values())
+    print(f"\nschemathesis: {requests} requests, answers {dict(sorted(statuses.items()))}")
+    assert requests >= 3 * MAX_EXAMPLES, (statuses, tail)
+    assert not [s for s in statuses if s >= 500], statuses
+    assert statuses.get(401, 0) > 0, "positive control: the auth check ran"
+    assert statuses.get(201, 0) > 0, "positive control: generated creates reached the apiserver"
+
+
+def _statuses(event: object) -> list[int]:
+    """Every HTTP status recorded in one ndjson event (responses sit at varying depths of the event)."""
+    found: list[int] = []
+    stack = [event]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            response = node.get("response")
+            if isinstance(response, dict) and isinstance(response.get("status_code"), int):
+                found.append(response["status_code"])
+            stack.extend(v for k, v in node.items() if k != "response")
+        elif isinstance(node, list):
+            stack.extend(node)
+    return found
