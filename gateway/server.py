@@ -652,6 +652,9 @@ def run(args: argparse.Namespace) -> int:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config()
-    api = SessionApi(config, keys, kubernetes.client.ApiClient(), ApiMetrics())
+    client = kubernetes.client.ApiClient()
+    # one pooled connection per thread of the two gates, so no call waits for a connection
+    client.configuration.connection_pool_maxsize = config.limits.max_in_flight_creates + config.limits.max_in_flight_reads
+    api = SessionApi(config, keys, client, ApiMetrics())
     web.run_app(api.app(), host=args.host or "0.0.0.0", port=args.port, access_log=None)
     return 0
