@@ -652,9 +652,9 @@ def run(args: argparse.Namespace) -> int:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config()
-    client = kubernetes.client.ApiClient()
+    kube_config = kubernetes.client.Configuration.get_default_copy()
     # one pooled connection per thread of the two gates, so no call waits for a connection
-    client.configuration.connection_pool_maxsize = config.limits.max_in_flight_creates + config.limits.max_in_flight_reads
-    api = SessionApi(config, keys, client, ApiMetrics())
+    kube_config.connection_pool_maxsize = config.limits.max_in_flight_creates + config.limits.max_in_flight_reads
+    api = SessionApi(config, keys, kubernetes.client.ApiClient(kube_config), ApiMetrics())
     web.run_app(api.app(), host=args.host or "0.0.0.0", port=args.port, access_log=None)
     return 0

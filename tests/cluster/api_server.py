@@ -22,14 +22,13 @@ KEY = "vk_cluster_test_0123456789"
 class ApiServer:
     def __init__(self, kubeconfig: str, namespace: str, avatars: dict[str, dict[str, str]], *,
                  upstream: str | None = None, limits: dict[str, Any] | None = None) -> None:
+        cfg = kubernetes.client.Configuration()
         if upstream is None:
-            client = kubernetes.config.new_client_from_config(config_file=kubeconfig)
+            kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
         else:  # plain HTTP to the fault proxy, which holds the credentials
-            cfg = kubernetes.client.Configuration(host=upstream)
-            cfg.connection_pool_maxsize = 32
-            client = kubernetes.client.ApiClient(cfg)
-        client.configuration.connection_pool_maxsize = 32
-        self.client = client
+            cfg.host = upstream
+        cfg.connection_pool_maxsize = 32
+        self.client = client = kubernetes.client.ApiClient(cfg)
         config = session_api.ApiConfig(
             namespace=namespace, retry_after_s=1,
             avatars={k: session_api.AvatarEntry(**v) for k, v in avatars.items()},
