@@ -279,7 +279,7 @@ def test_schemathesis_finds_no_server_error_and_no_auth_bypass(kube: Kube, pools
         [exe, "run", f"{api.url}/openapi.json", "-H", f"Authorization: Bearer {KEY}", "--checks", CHECKS,
          "--max-examples", str(MAX_EXAMPLES), "--seed", "15", "--workers", "1", "--no-shrink",
          "--request-timeout", "30", "--report", "ndjson", "--report-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=240)
+        capture_output=True, text=True, timeout=240, cwd=tmp_path)  # its cache folder goes there
     tail = (out.stdout + out.stderr)[-6000:]
     assert out.returncode == 0, tail
     statuses: dict[int, int] = {}
