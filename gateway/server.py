@@ -286,7 +286,7 @@ class SessionApi:
             raise
         except self._api_exception as exc:  # an answer of the apiserver no step expected (403, 415, ...)
             log.error("%s %s: Kubernetes API answered %s %s", request.method, request.path, exc.status, exc.reason)
-            return ApiFailure(502, "kubernetes_error", f"Kubernetes API answered {exc.status} {exc.reason}", None,
+            return ApiFailure(502, "kubernetes_unavailable", f"Kubernetes API answered {exc.status} {exc.reason}", None,
                               retry).response()
 
     async def healthz(self, request: web.Request) -> web.Response:

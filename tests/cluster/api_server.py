@@ -1,6 +1,7 @@
 """Run the session API (`vivant.gateway.server.SessionApi`) in this process on a loopback port, in a thread
 with its own event loop, against the real apiserver of the local cluster (directly, or through a
-`FaultProxy`). Plus a small HTTP client that retries like a hosted-avatar plugin does."""
+`FaultProxy`); a small HTTP client that retries like a hosted-avatar plugin does; the pools and bodies
+the API fault tests share (`pools` and `serve` are fixtures: a test module imports them)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,20 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Any
+import uuid
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import kubernetes
+import pytest
 from aiohttp import web
 from vivant.gateway import server as session_api
 
+if TYPE_CHECKING:
+    from fault_proxy import FaultProxy
+
 KEY = "vk_cluster_test_0123456789"
+CS = "charactersessions.vivant.dev"
 
 
 class ApiServer:
@@ -101,3 +109,50 @@ def create_with_retries(base: str, body: dict[str, Any], *, attempts: int = 5,
             return status, got, i + 1
         time.sleep(0.2 * (i + 1))
     return status, got, attempts
+
+
+WP = "workerpools.vivant.dev"
+AVATARS = {"ada": {"character": "ada-v1", "pool": "cap2"}, "big": {"character": "ada-v1", "pool": "big"},
+           "bad": {"character": "ada-v1", "pool": "badspec"}}
+
+
+def pool(name: str, ns: str, max_workers: int, image: str = "ghcr.io/vivant-dev/vivant-worker:0.1.0") -> dict[str, Any]:
+    return {"apiVersion": "vivant.dev/v1alpha1", "kind": "WorkerPool", "metadata": {"name": name, "namespace": ns},
+            "spec": {"model": {"preset": "tiny", "checkpoint": "random://tiny"}, "image": image,
+                     "gpusPerWorker": 2, "tensorParallel": 1, "runner": "pipeline", "minIdle": 0,
+                     "maxWorkers": max_workers}}
+
+
+def body(avatar: str = "big", room: str | None = None, identity: str = "agent-1") -> dict[str, Any]:
+    """A distinct request each call (its own token), as two agents would send."""
+    return {"avatar": {"type": "custom", "avatarId": avatar},
+            "livekit": {"url": "ws://127.0.0.1:7880", "token": f"tok-{uuid.uuid4().hex}-{uuid.uuid4().hex}",
+                        "roomName": room or f"room-{uuid.uuid4().hex[:8]}", "agentIdentity": identity}}
+
+
+@pytest.fixture(name="pools")
+def pools_fixture(kube: Any, namespace: str) -> Iterator[str]:
+    """Pools `cap2` (maxWorkers 2) and `big` (256) in a fresh namespace, minIdle 0 (no worker pod starts).
+    At the end the namespace's sessions and pools are deleted and waited for, so an operator that runs
+    afterwards finds nothing of this test pending."""
+    kube.apply(pool("cap2", namespace, 2))
+    kube.apply(pool("big", namespace, 256))
+    yield namespace
+    kube.kubectl("delete", CS, "--all", "-n", namespace, "--wait=true", "--timeout=120s", check=False)
+    kube.kubectl("delete", WP, "--all", "-n", namespace, "--wait=true", "--timeout=60s", check=False)
+
+
+@pytest.fixture(name="serve")
+def serve_fixture(kube: Any, pools: str) -> Iterator[Callable[..., ApiServer]]:
+    """Start session APIs on `pools`' namespace (directly on the apiserver, or through a FaultProxy)."""
+    made: list[Any] = []
+
+    def make(*, proxy: FaultProxy | None = None, avatars: dict[str, dict[str, str]] = AVATARS,
+             **limits: Any) -> ApiServer:
+        api = ApiServer(str(kube.kubeconfig), pools, avatars, upstream=proxy.url if proxy else None, limits=limits)
+        made.append(api)
+        return api
+
+    yield make
+    for api in made:
+        api.close()
