@@ -133,13 +133,13 @@ def body(avatar: str = "big", room: str | None = None, identity: str = "agent-1"
 @pytest.fixture(name="pools")
 def pools_fixture(kube: Any, namespace: str) -> Iterator[str]:
     """Pools `cap2` (maxWorkers 2) and `big` (256) in a fresh namespace, minIdle 0 (no worker pod starts).
-    At the end the namespace's sessions and pools are deleted and waited for, so an operator that runs
-    afterwards finds nothing of this test pending."""
+    At the end the namespace's sessions are deleted and waited for, so an operator that runs afterwards
+    finds nothing of this test pending."""
     kube.apply(pool("cap2", namespace, 2))
     kube.apply(pool("big", namespace, 256))
     yield namespace
-    kube.kubectl("delete", CS, "--all", "-n", namespace, "--wait=true", "--timeout=120s", check=False)
-    kube.kubectl("delete", WP, "--all", "-n", namespace, "--wait=true", "--timeout=60s", check=False)
+    kube.kubectl("delete", CS, "--all", "-n", namespace, "--wait=true", "--timeout=50s", check=False)
+    kube.kubectl("delete", WP, "--all", "-n", namespace, "--wait=false", check=False)
 
 
 @pytest.fixture(name="serve")
