@@ -175,7 +175,13 @@ def fleet(server: Any) -> Iterator[Fleet]:
 def streaming(fleet: Fleet, names: list[str]) -> dict[str, str]:
     """Wait until every session streams; name -> its worker."""
     for n in names:
-        wait_for(f"{n} Streaming", lambda n=n: fleet.phase(n) == "Streaming" and len(fleet.streaming_on(n)) == 1)
+        try:
+            wait_for(f"{n} Streaming", lambda n=n: fleet.phase(n) == "Streaming" and len(fleet.streaming_on(n)) == 1)
+        except AssertionError as exc:
+            state = {"status": fleet.sessions[n], "leases": fleet.registry.leases(POOL),
+                     "idle": fleet.registry.idle_workers(POOL), "failed": fleet.failed,
+                     "streaming": {w: svc._current for w, svc in fleet.workers.items()}}
+            raise AssertionError(f"{exc}; {state}") from None
     return {n: fleet.sessions[n]["worker"] for n in names}
 
 
