@@ -35,7 +35,7 @@ POOL = r.pool_key(NS, POOL_NAME)
 DEFAULTS = OperatorConfig(redis_url="redis://unused", livekit=LiveKitCredentials("APIkey123", "x" * 32))
 TTL, GRACE = DEFAULTS.heartbeat_ttl_s, DEFAULTS.reap_grace_s
 POOL_SPEC = r.WorkerPoolSpec.model_validate({
-    "model": {"preset": "tiny", "checkpoint": "random://tiny"}, "image": "vivant:dev", "minIdle": 0, "maxWorkers": 8})
+    "model": {"preset": "tiny", "checkpoint": "random://tiny"}, "image": "vivant:dev", "minIdle": 8, "maxWorkers": 8})  # no idle worker is drained
 TIMEOUTS = rc.Timeouts(pending_s=300, connect_s=60)
 
 
