@@ -28,7 +28,8 @@ from vivant.operator.config import OperatorConfig
 from vivant.sessions.flags import FlagStore
 from vivant.sessions.models import Assignment, WorkerInfo
 from vivant.sessions.registry import Registry, RegistryUnavailable
-from vivant.worker.service import ChunkReport, WorkerService
+from vivant.worker.serving.runner import ChunkReport
+from vivant.worker.serving.service import WorkerService
 
 NS, POOL_NAME = "ns", "p"
 POOL = r.pool_key(NS, POOL_NAME)
@@ -52,6 +53,9 @@ class Runner:
 
     def __init__(self) -> None:
         self.n = 0
+
+    def idle(self) -> None:
+        pass
 
     def begin(self, assignment: Assignment, flags: Any) -> None:
         self.n = 0

@@ -21,11 +21,12 @@ from safetensors.torch import load_file, save_file
 from vivant.sessions.flags import FlagStore
 from vivant.sessions.models import WorkerInfo
 from vivant.sessions.registry import Registry
-from vivant.worker.config import ModelConfig
-from vivant.worker.generator import ChunkGenerator
-from vivant.worker.model import VideoDiT, init_random_
-from vivant.worker.service import GeneratorRunner, WorkerService
-from vivant.worker.weights import CHECKSUM_KEY, CheckpointError, load_weights, save_weights
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.engine import build_generator
+from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.model import VideoDiT, init_random_
+from vivant.worker.model.weights import CHECKSUM_KEY, CheckpointError, load_weights, save_weights
+from vivant.worker.serving.service import WorkerService
 
 CFG = ModelConfig.from_name("tiny")
 
@@ -125,7 +126,8 @@ def test_worker_never_goes_warm_on_a_corrupt_checkpoint(tmp_path: Path, redis_ur
     corrupt(path, 0.01, float("inf"))
     registry = Registry(redis_url, heartbeat_ttl_s=5)
     info = WorkerInfo(worker_id="w-bad", pool="ns/p", warm=False)
-    svc = WorkerService(registry, FlagStore(registry.redis), info, lambda: GeneratorRunner("tiny", weights=path))
+    # the loader does what a DiT rank does first (worker/serving/ranks.py build_dit): the engine from the checkpoint
+    svc = WorkerService(registry, FlagStore(registry.redis), info, lambda: build_generator(CFG, weights=path))
     failure: list[BaseException] = []
     t = threading.Thread(target=lambda: _run(svc, failure))
     t.start()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from vivant.worker.weights import CHECKSUM_KEY, tensors_digest
+from vivant.worker.model.weights import CHECKSUM_KEY, tensors_digest
 
 
 @dataclass
