@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from vivant.apis import resources as r
@@ -147,7 +147,3 @@ async def claim_slot(
 def owner_of_pool(wp: dict[str, Any]) -> dict[str, Any]:
     meta = wp.get("metadata") or {}
     return {"apiVersion": r.API_VERSION, "kind": r.POOL_KIND, "name": meta.get("name", ""), "uid": meta.get("uid", "")}
-
-
-def grace_deadline(now: datetime, seconds: float) -> datetime:
-    return now - timedelta(seconds=seconds)
