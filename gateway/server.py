@@ -46,25 +46,23 @@ import asyncio
 import contextlib
 import functools
 import hashlib
-import hmac
 import json
 import logging
 import os
 import re
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pydantic
 import urllib3
-import yaml
 from aiohttp import web
 from vivant.apis import resources as r
 from vivant.gateway import capacity as cap
 from vivant.gateway import models as m
 from vivant.gateway.admission import Abandoned, Gate, Overloaded, client_gone
+from vivant.gateway.config import ApiConfig, ApiKeys, ApiLimits, AvatarEntry  # noqa: F401 (re-exported)
 from vivant.gateway.metrics import ApiMetrics
 from vivant.gateway.openapi import openapi_document
 
@@ -79,95 +77,6 @@ MAX_BODY_BYTES = 64 * 1024
 MAX_JSON_DEPTH = 32  # the documented body nests 3 levels; anything deeper is refused, whatever the parser manages
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 TOKEN_MISSING_REASON = "TokenSecretMissing"  # the operator's Ready reason while a session's Secret is missing
-
-
-# ------------------------------------------------------------------------------------------- config
-
-
-class AvatarEntry(pydantic.BaseModel):
-    """What an avatar id of the API means here: which character the worker renders, in which pool."""
-
-    model_config = pydantic.ConfigDict(extra="forbid", strict=True)
-    character: str = pydantic.Field(min_length=1, max_length=128, pattern=r.IDENTIFIER)
-    pool: r.PoolName  # the name rule of WorkerPools (apis/resources.py)
-
-
-class ApiLimits(pydantic.BaseModel):
-    """Load shedding and fault handling (seconds, counts); YAML key `limits` of the avatars file."""
-
-    model_config = pydantic.ConfigDict(extra="forbid", alias_generator=pydantic.alias_generators.to_camel,
-                                       populate_by_name=True, frozen=True)
-    max_in_flight_creates: int = pydantic.Field(default=8, ge=1, le=1024)
-    max_queued_creates: int = pydantic.Field(default=32, ge=0, le=100_000)
-    max_in_flight_reads: int = pydantic.Field(default=8, ge=1, le=1024)
-    max_queued_reads: int = pydantic.Field(default=64, ge=0, le=100_000)
-    queue_timeout_s: float = pydantic.Field(default=10.0, gt=0, le=600)
-    kube_timeout_s: float = pydantic.Field(default=10.0, gt=0, le=600, description="one Kubernetes call")
-    kube_attempts: int = pydantic.Field(default=3, ge=1, le=10, description="tries of one call on a transient error")
-    claim_grace_s: float = pydantic.Field(default=60.0, gt=0, description="a slot claimed by a request that made "
-                                          "no session is free again after this")
-    orphan_grace_s: float = pydantic.Field(default=60.0, gt=0, description="a session whose token Secret never "
-                                           "arrived is deleted after this")
-    janitor_interval_s: float = pydantic.Field(default=15.0, gt=0)
-
-
-class ApiConfig(pydantic.BaseModel):
-    """Typed configuration of one API server (one namespace)."""
-
-    model_config = pydantic.ConfigDict(extra="forbid")
-    namespace: str = pydantic.Field(min_length=1, max_length=63, pattern=r.DNS_LABEL)
-    avatars: dict[str, AvatarEntry]
-    default_max_duration_s: int = pydantic.Field(default=1800, ge=10, le=86_400)
-    retry_after_s: int = pydantic.Field(default=5, ge=1, le=3600)
-    limits: ApiLimits = ApiLimits()
-
-    @classmethod
-    def from_file(cls, path: Path, namespace: str) -> ApiConfig:
-        """Avatars file: YAML `{avatars: {<id>: {character, pool}}, defaultMaxDurationS?, retryAfterS?, limits?}`."""
-        raw = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(raw, dict):
-            raise ValueError(f"{path}: expected a mapping with key 'avatars', got {type(raw).__name__}")
-        return cls(namespace=namespace, avatars=raw.get("avatars") or {},
-                   default_max_duration_s=raw.get("defaultMaxDurationS", 1800),
-                   retry_after_s=raw.get("retryAfterS", 5), limits=ApiLimits.model_validate(raw.get("limits") or {}))
-
-
-@dataclass
-class ApiKeys:
-    """Bearer keys from a mounted Secret file (re-read on change) and/or a list given at start."""
-
-    path: Path | None = None
-    static: tuple[str, ...] = ()
-    _mtime: float | None = field(default=None, init=False)
-    _from_file: tuple[str, ...] = field(default=(), init=False)
-
-    def __repr__(self) -> str:
-        return f"ApiKeys(path={self.path!r}, keys=<{len(self.current())} hidden>)"
-
-    @staticmethod
-    def parse(text: str) -> tuple[str, ...]:
-        lines = (line.strip() for line in text.splitlines())
-        return tuple(line for line in lines if line and not line.startswith("#"))
-
-    def current(self) -> tuple[str, ...]:
-        if self.path is not None:
-            try:
-                mtime = self.path.stat().st_mtime
-            except OSError:
-                log.error("API keys file %s is unreadable; no key from it is accepted", self.path)
-                self._from_file, self._mtime = (), None
-            else:
-                if mtime != self._mtime:
-                    self._from_file, self._mtime = self.parse(self.path.read_text()), mtime
-        return self.static + self._from_file
-
-    def accepts(self, presented: str) -> bool:
-        """Constant time against every key; `presented` may hold any characters (it is compared as bytes)."""
-        given = presented.encode("utf-8", "surrogateescape")
-        ok = False
-        for key in self.current():
-            ok |= hmac.compare_digest(key.encode("utf-8", "surrogateescape"), given)
-        return ok
 
 
 # ------------------------------------------------------------------------------------------- errors

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from servers import RedisServer
 from vivant.apis import resources as r
 from vivant.apis.livekit_token import LiveKitCredentials
 from vivant.operator import reconcile as rc
@@ -162,15 +163,15 @@ def wait_for(what: str, cond: Callable[[], object], timeout: float = 30.0) -> ob
 
 
 @pytest.fixture
-def server(redis_server: Any, tmp_path: Path) -> Iterator[Any]:
-    """A redis-server of our own, persisted (tests/conftest.py's RedisServer, with an append-only file)."""
-    s = type(redis_server)(data_dir=tmp_path / "redis")
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of our own, persisted (an append-only file), so an outage can keep or lose its data."""
+    s = RedisServer(data_dir=tmp_path / "redis")
     yield s
     s.stop()
 
 
 @pytest.fixture
-def fleet(server: Any) -> Iterator[Fleet]:
+def fleet(server: RedisServer) -> Iterator[Fleet]:
     f = Fleet(server.url)
     yield f
     f.close()
@@ -189,7 +190,7 @@ def streaming(fleet: Fleet, names: list[str]) -> dict[str, str]:
     return {n: fleet.sessions[n]["worker"] for n in names}
 
 
-def outage(server: Any, seconds: float, *, empty: bool = False) -> None:
+def outage(server: RedisServer, seconds: float, *, empty: bool = False) -> None:
     server.stop()
     time.sleep(seconds)
     server.start(empty=empty)
@@ -209,7 +210,7 @@ def assert_nothing_lost(fleet: Fleet, placed: dict[str, str], watch_s: float) ->
 
 
 @pytest.mark.timeout(120)
-def test_outage_longer_than_the_heartbeat_ttl_loses_no_session(server: Any, fleet: Fleet) -> None:
+def test_outage_longer_than_the_heartbeat_ttl_loses_no_session(server: RedisServer, fleet: Fleet) -> None:
     """Fact 6 of issue 15: an outage longer than the heartbeat TTL let the reaper fail healthy sessions
     (their heartbeat keys had expired) before the workers' next heartbeat."""
     for _ in range(2):
@@ -222,7 +223,7 @@ def test_outage_longer_than_the_heartbeat_ttl_loses_no_session(server: Any, flee
 
 
 @pytest.mark.timeout(180)
-def test_outages_of_5_and_30_seconds_lose_no_session(server: Any, fleet: Fleet) -> None:
+def test_outages_of_5_and_30_seconds_lose_no_session(server: RedisServer, fleet: Fleet) -> None:
     for _ in range(2):
         fleet.add_worker()
     for n in ("a", "b"):
@@ -234,7 +235,7 @@ def test_outages_of_5_and_30_seconds_lose_no_session(server: Any, fleet: Fleet) 
 
 
 @pytest.mark.timeout(120)
-def test_empty_restart_is_rebuilt_from_workers_and_crs_without_double_assignment(server: Any,
+def test_empty_restart_is_rebuilt_from_workers_and_crs_without_double_assignment(server: RedisServer,
                                                                                  fleet: Fleet) -> None:
     """Fact 7 of issue 15, first half: after Redis restarted empty a streaming session was marked Failed
     (LeaseLost) while its worker went on streaming it. Here the leases come back from the workers (they
@@ -254,7 +255,7 @@ def test_empty_restart_is_rebuilt_from_workers_and_crs_without_double_assignment
 
 
 @pytest.mark.timeout(120)
-def test_deleting_a_terminal_session_stops_its_worker_which_then_serves_the_next(server: Any,
+def test_deleting_a_terminal_session_stops_its_worker_which_then_serves_the_next(server: RedisServer,
                                                                                fleet: Fleet) -> None:
     """Fact 7, second half: a session whose phase was already terminal (e.g. marked Failed while its worker
     streamed on) was deleted without an end request, so it kept streaming; the worker, freed in Redis, was
