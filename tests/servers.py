@@ -58,7 +58,12 @@ class RedisServer:
         self.stop()
         raise RuntimeError(f"redis-server on port {self.port} did not answer PING within {timeout}s")
 
-    def stop(self) -> None:
+    def stop(self, *, kill: bool = False) -> None:
+        """Stop the server: SIGTERM (it shuts down cleanly), or with `kill` SIGKILL (a crash: nothing is
+        written after the signal, so only what it fsync'd survives)."""
+        if self.proc.poll() is None and kill:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

@@ -191,7 +191,8 @@ def streaming(fleet: Fleet, names: list[str]) -> dict[str, str]:
 
 
 def outage(server: RedisServer, seconds: float, *, empty: bool = False) -> None:
-    server.stop()
+    """Kill redis-server (SIGKILL, a crash), wait `seconds`, start it again with its data or without."""
+    server.stop(kill=True)
     time.sleep(seconds)
     server.start(empty=empty)
 
