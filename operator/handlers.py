@@ -55,6 +55,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="vivant.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="vivant.dev")
     settings.watching.server_timeout = 60
+    # A deleted CharacterSession keeps its finalizer until its session_tick timer has exited; when a tick was
+    # running at the delete, kopf looks again only after `cancellation_polling` (default 60 s), so the session
+    # outlived its delete by up to a minute. Look again after one tick.
+    settings.background.cancellation_polling = SESSION_TICK_S
     kube.load_config()
     memo.config = config
     memo.registry = Registry(config.redis_url, heartbeat_ttl_s=config.heartbeat_ttl_s,
