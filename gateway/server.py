@@ -134,16 +134,23 @@ def session_name_for(digest: str, idempotency_key: str | None, api_key: str) -> 
 class SessionApi:
     """The handlers, over a `kubernetes.client.ApiClient` (in-cluster, kubeconfig, or any API server)."""
 
+    # The Kubernetes client's error type; a backend without Kubernetes (local.py) keeps () (matches nothing).
+    _api_exception: Any = ()
+
     def __init__(self, config: ApiConfig, keys: ApiKeys, kube_client: Any, metrics: ApiMetrics | None = None) -> None:
         import kubernetes
 
-        self.config = config
-        self.keys = keys
-        self.metrics = metrics
+        self._init_front(config, keys, metrics)
         self._custom = kubernetes.client.CustomObjectsApi(kube_client)
         self._core = kubernetes.client.CoreV1Api(kube_client)
         self._leases = kubernetes.client.CoordinationV1Api(kube_client)
         self._api_exception = kubernetes.client.exceptions.ApiException
+
+    def _init_front(self, config: ApiConfig, keys: ApiKeys, metrics: ApiMetrics | None) -> None:
+        """What every backend's HTTP front needs: configuration, keys, metrics and the admission gates."""
+        self.config = config
+        self.keys = keys
+        self.metrics = metrics
         lim = config.limits
         self.creates = Gate("creates", lim.max_in_flight_creates, lim.max_queued_creates, lim.queue_timeout_s)
         self.reads = Gate("reads", lim.max_in_flight_reads, lim.max_queued_reads, lim.queue_timeout_s)
