@@ -54,6 +54,30 @@ SLO_MIN_STREAMED_SECONDS = 1.0
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 IDENTIFIER = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 CONDITION_REASON = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+# A pool's id in Redis and on the command line: `<namespace>/<name>` (pool_key) or a bare `<name>`.
+POOL_ID = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# LiveKit's own limits on a room name and a participant identity (livekit-server's LimitConfig defaults,
+# checked when a participant connects): non-empty, at most 256 bytes of UTF-8. Any characters otherwise.
+LIVEKIT_NAME_MAX_BYTES = 256
+
+
+def _livekit_name(empty: str, too_long: str) -> AfterValidator:
+    """LiveKit's own checks, with its own words (livekit-server's ValidateConnectRequest)."""
+    def check(value: str) -> str:
+        if not value:
+            raise ValueError(f"LiveKit refuses it: {empty}")
+        if len(value.encode("utf-8", "surrogatepass")) > LIVEKIT_NAME_MAX_BYTES:
+            raise ValueError(f"LiveKit refuses it: {too_long}: max length {LIVEKIT_NAME_MAX_BYTES} (bytes of UTF-8)")
+        return value
+    return AfterValidator(check)
+
+
+# What LiveKit accepts, no more restricted (docs/livekit.md). The schema states the bounds (in characters:
+# all a JSON schema can say); the validator checks LiveKit's byte limit and answers with LiveKit's reason.
+_LIVEKIT_BOUNDS = Field(json_schema_extra={"minLength": 1, "maxLength": LIVEKIT_NAME_MAX_BYTES})
+LiveKitRoomName = Annotated[str, _LIVEKIT_BOUNDS, _livekit_name("no room name", "room name length exceeds limits")]
+LiveKitIdentity = Annotated[str, _LIVEKIT_BOUNDS, _livekit_name("identity cannot be empty",
+                                                                 "participant identity length exceeds limits")]
 
 # Kubernetes label syntax (what the API server checks on a pod's nodeSelector, tolerations and node affinity).
 # A key is an optional DNS-subdomain prefix (<= 253 characters) and `/`, then a name of <= 63 characters
@@ -165,11 +189,11 @@ class LiveKitTarget(_Model):
     url: Annotated[str, Field(min_length=6, max_length=512, pattern=r"^(wss?|https?)://[^\s/]+(/\S*)?$")] = Field(
         description="LiveKit server URL (wss:// or https://)."
     )
-    room: Annotated[str, Field(min_length=1, max_length=128, pattern=IDENTIFIER)] = Field(
-        description="LiveKit room name the worker joins."
+    room: LiveKitRoomName = Field(
+        description="LiveKit room name the worker joins (what LiveKit accepts: 1..256 bytes of UTF-8)."
     )
-    agent_identity: Annotated[str, Field(min_length=1, max_length=128, pattern=IDENTIFIER)] = Field(
-        description="Identity of the voice agent the avatar publishes on behalf of."
+    agent_identity: LiveKitIdentity = Field(
+        description="Identity of the voice agent the avatar publishes on behalf of (1..256 bytes of UTF-8)."
     )
     token_secret: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_LABEL)] | None = Field(
         default=None,

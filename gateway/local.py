@@ -43,12 +43,12 @@ class LocalSessionApi(SessionApi):
 
     def __init__(self, config: ApiConfig, keys: ApiKeys, registry: Registry, metrics: ApiMetrics | None = None) -> None:
         # SessionApi.__init__ builds Kubernetes clients; this backend has none.
-        self.config, self.keys, self.metrics, self.registry = config, keys, metrics, registry
+        self._init_front(config, keys, metrics)
+        self.registry = registry
 
-    def app(self) -> web.Application:
-        app = super().app()
-        app.router.add_get("/readyz", self.readyz)
-        return app
+    def app(self, *, janitor: bool = False) -> web.Application:
+        """The same routes; no janitor (it collects half-made CharacterSessions, which this mode never makes)."""
+        return super().app(janitor=False)
 
     async def readyz(self, request: web.Request) -> web.Response:
         """200 when every avatar's pool has an idle worker (a session can start now), else 503; both bodies

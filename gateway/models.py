@@ -10,6 +10,7 @@ send (the `livekit-plugins-runway` contract), so an existing agent only changes 
      "livekit": {"url": "wss://...", "token": "<JWT>", "roomName": "...", "agentIdentity": "..."},
      "maxDuration": 300}                                 # optional, seconds, 10..86400
 
+Room names and agent identities take what LiveKit takes (1..256 bytes of UTF-8, any characters).
 The LiveKit token is a `SecretStr`: it prints as `**********`, is never echoed in an error (errors name
 the field and what was expected, never the input) and leaves this process only inside a Secret.
 `ApiError` is the one error shape: `{"error": {"code", "message", "field"}}`.
@@ -25,7 +26,14 @@ from vivant.apis import resources as r
 
 ROUTE_COLLECTION = "/v1/realtime_sessions"
 ROUTE_ITEM = "/v1/realtime_sessions/{id}"
+ROUTE_OPENAPI = "/openapi.json"
 MAX_TOKEN_CHARS = 8192
+# A session id: the CharacterSession's name, `rt-` and lowercase ASCII (never a non-ASCII letter or digit).
+SESSION_ID_PATTERN = r"^rt-[a-z0-9]([-a-z0-9]{0,58}[a-z0-9])?$"
+# Optional request header: a retry with the same key (and the same API key) never makes a second session.
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+IDEMPOTENCY_KEY_MAX = 255
+IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"
 
 
 class _Body(BaseModel):
@@ -50,8 +58,8 @@ class LiveKitJoin(_Body):
 
     url: Annotated[str, Field(min_length=6, max_length=512, pattern=r"^(wss?|https?)://[^\s/]+(/\S*)?$")]
     token: SecretStr = Field(min_length=16, max_length=MAX_TOKEN_CHARS)
-    room_name: Annotated[str, Field(min_length=1, max_length=128, pattern=r.IDENTIFIER)]
-    agent_identity: Annotated[str, Field(min_length=1, max_length=128, pattern=r.IDENTIFIER)]
+    room_name: r.LiveKitRoomName
+    agent_identity: r.LiveKitIdentity
 
 
 class CreateSessionRequest(_Body):

@@ -24,6 +24,8 @@ class OperatorConfig:
     timeouts: Timeouts = Timeouts()
     runtime: WorkerRuntime = WorkerRuntime()
     heartbeat_ttl_s: float = 10.0
+    # a worker silent this long while Redis was reachable is reaped (docs/reliability.md); >= heartbeat_ttl_s
+    reap_grace_s: float = 30.0
     token_ttl: timedelta = timedelta(minutes=10)
     metrics_port: int | None = None
 
@@ -61,6 +63,7 @@ class OperatorConfig:
             ),
             runtime=WorkerRuntime(redis_secret=env.get("VIVANT_WORKER_REDIS_SECRET") or WorkerRuntime.redis_secret),
             heartbeat_ttl_s=seconds("VIVANT_HEARTBEAT_TTL_S", 10.0),
+            reap_grace_s=seconds("VIVANT_REAP_GRACE_S", 30.0),
             token_ttl=timedelta(seconds=seconds("VIVANT_TOKEN_TTL_S", 600.0)),
             metrics_port=int(port) if port else None,
         )

@@ -44,6 +44,7 @@ SESSIONS = (r.GROUP, r.VERSION, r.SESSION_PLURAL)
 POOLS = (r.GROUP, r.VERSION, r.POOL_PLURAL)
 SESSION_TICK_S = 1.0
 POOL_TICK_S = 2.0
+TERMINAL = frozenset(p.value for p in r.TERMINAL_PHASES)
 log = logging.getLogger(__name__)
 
 
@@ -54,9 +55,14 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="vivant.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="vivant.dev")
     settings.watching.server_timeout = 60
+    # A deleted CharacterSession keeps its finalizer until its session_tick timer has exited; when a tick was
+    # running at the delete, kopf looks again only after `cancellation_polling` (default 60 s), so the session
+    # outlived its delete by up to a minute. Look again after one tick.
+    settings.background.cancellation_polling = SESSION_TICK_S
     kube.load_config()
     memo.config = config
-    memo.registry = Registry(config.redis_url, heartbeat_ttl_s=config.heartbeat_ttl_s)
+    memo.registry = Registry(config.redis_url, heartbeat_ttl_s=config.heartbeat_ttl_s,
+                             reap_grace_s=max(config.reap_grace_s, config.heartbeat_ttl_s))
     memo.flags = FlagStore(memo.registry.redis)
     memo.metrics = default_metrics()
     memo.pool_views = {}  # (namespace, pool) -> (monotonic time, PoolView); see _pool_view
@@ -283,6 +289,9 @@ def pool_tick(body, spec, meta, status, namespace, name, patch, memo, session_ph
             return  # pool_apply has not created it yet (or the API server rejected it: see the Ready condition)
         current = int(sts["spec"].get("replicas") or 0)
         plan = reconcile.pool_scale(name, namespace, parsed, current, registry=memo.registry)
+        live = {f"{ns}/{n}" for (ns, pk, phase), names in session_phases.items()
+                if pk == pool and phase not in TERMINAL for n in names}
+        reconcile.release_orphan_leases(pool, memo.registry, live)
         if plan.replicas != current:
             kube.scale_statefulset(namespace, name, plan.replicas)
             kopf.info(body, reason="Scaled", message=f"workers {current} -> {plan.replicas} (drained {list(plan.drain)})")

@@ -259,6 +259,7 @@ def progress_session(
     lost = registry.lost_reason(sid)
     if lost is not None:
         msg = f"worker {worker} lost: {lost}"
+        registry.send_end(worker, sid, "WorkerLost")  # a worker that is in fact still streaming it stops
         return Outcome(status=b.session_phase_patch(status, r.SessionPhase.FAILED, "WorkerLost", msg, now=now),
                        events=[("Warning", "WorkerLost", msg)])
 
@@ -286,9 +287,12 @@ def progress_session(
                 out.rollback = (pool, f"session {sid} reported a numerical fault on the fused path")
             elif stats.streamed_s >= r.SLO_MIN_STREAMED_SECONDS and stats.fps < r.SLO_MIN_FPS:
                 out.rollback = (pool, f"session {sid} averaged {stats.fps:.1f} fps < {r.SLO_MIN_FPS} on the fused path")
-    elif registry.worker_of(sid) is None:
+    elif registry.worker_of(sid) is None and not registry.restore_lease(pool, worker, sid):
+        # Redis lost the lease (restarted empty) and it cannot be rebuilt from this CR without a double
+        # assignment: the worker holds another session now, or the session another worker.
         new_phase, reason = r.SessionPhase.FAILED, "LeaseLost"
         message = f"worker {worker} no longer holds the session and reported nothing"
+        registry.send_end(worker, sid, "LeaseLost")
 
     assigned_at = _parse_time(status.get("assignedAt")) or ref.created
     age = (now - assigned_at).total_seconds()
@@ -313,14 +317,33 @@ def progress_session(
 
 def release_session(ref: SessionRef, spec: r.CharacterSessionSpec, status: dict[str, Any], *, registry: Registry,
                     reason: str = "Deleted") -> bool:
-    """On delete: tell the worker to stop and free its lease. True if a lease was released."""
+    """On delete: tell the worker to stop and free its lease. True if a lease was released.
+
+    The end request is sent whatever the phase: a session marked Failed may still be streaming on a worker
+    that outlived a Redis outage, and a worker that is not running it ignores the request."""
     pool = r.pool_key(ref.namespace, spec.pool)
-    worker = status.get("worker") or registry.worker_of(ref.session_id)
-    if not worker:
-        return False
-    if status.get("phase") not in (r.SessionPhase.ENDED.value, r.SessionPhase.FAILED.value):
+    holder = registry.worker_of(ref.session_id)
+    released = False
+    for worker in dict.fromkeys(w for w in (status.get("worker"), holder) if w):
         registry.send_end(worker, ref.session_id, reason)
-    return registry.release(pool, worker, ref.session_id)
+        released = registry.release(pool, worker, ref.session_id) or released
+    return released
+
+
+def release_orphan_leases(pool: str, registry: Registry, live_sessions: set[str]) -> list[tuple[str, str]]:
+    """Leases of `pool` whose session is not a live CharacterSession (deleted, or terminal) are ended and
+    freed: e.g. an end request lost with a Redis that restarted empty, then the lease rebuilt by the
+    streaming worker. `live_sessions`: ids (`namespace/name`) of the pool's non-terminal sessions.
+    Returns the (worker, session) pairs released."""
+    out = []
+    for worker, session in registry.leases(pool).items():
+        if session not in live_sessions:
+            registry.send_end(worker, session, "SessionGone")
+            if registry.release(pool, worker, session):
+                out.append((worker, session))
+                log.warning("released worker %s of pool %s from session %s, which is gone or terminal", worker, pool,
+                            session)
+    return out
 
 
 def auto_rollback(flags: FlagStore, pool: str, reason: str) -> FlagSet | None:

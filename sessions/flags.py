@@ -17,19 +17,22 @@ Keys for pool P (prefix `vivant:`):
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
 import redis
-from vivant.apis.feature_flags import FlagValue, FlagValues, validate_flag_updates
+from vivant.apis.feature_flags import FlagError, FlagValue, FlagValues, validate_flag_updates
+from vivant.apis.resources import POOL_ID
 from vivant.sessions.models import FlagChange, FlagSet
 from vivant.sessions.registry import PREFIX, guarded, redis_client
 
 HISTORY_MAXLEN = 1000
 
 # KEYS: values hash, version, meta hash, history stream. ARGV: actor, at, reason, channel, maxlen,
-# then name, json value pairs. Returns the new version, or the old one negated-minus-one if nothing
-# changed (-(v+1)), so the caller knows without a second round trip.
+# defaults JSON, then name, json value pairs. Returns {version, changed (0|1), values (flat name, json
+# pairs), updated_by, updated_at}: the pool's state as this very write left it, read in the same atomic
+# step, so a concurrent writer's version or author is never reported as ours.
 _SET_FLAGS = """
 local defaults = cjson.decode(ARGV[6])
 local changes = {}
@@ -45,18 +48,34 @@ for i = 7, #ARGV, 2 do
   end
 end
 local version = tonumber(redis.call('GET', KEYS[2]) or '0')
-if not changed then return -(version + 1) end
-version = redis.call('INCR', KEYS[2])
-redis.call('HSET', KEYS[3], 'updated_by', ARGV[1], 'updated_at', ARGV[2])
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'version', version, 'actor', ARGV[1], 'at', ARGV[2],
-           'reason', ARGV[3], 'changes', cjson.encode(changes))
-redis.call('PUBLISH', ARGV[4], version)
-return version
+if changed then
+  version = redis.call('INCR', KEYS[2])
+  redis.call('HSET', KEYS[3], 'updated_by', ARGV[1], 'updated_at', ARGV[2])
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'version', version, 'actor', ARGV[1], 'at', ARGV[2],
+             'reason', ARGV[3], 'changes', cjson.encode(changes))
+  redis.call('PUBLISH', ARGV[4], version)
+end
+local meta = redis.call('HMGET', KEYS[3], 'updated_by', 'updated_at')
+return {version, changed and 1 or 0, redis.call('HGETALL', KEYS[1]), meta[1] or '', meta[2] or '0'}
 """
 
 
 def _dec(x: bytes | str) -> str:
     return x.decode() if isinstance(x, bytes) else x
+
+
+def check_pool(pool: str) -> str:
+    """A pool id as the registry and the operator write it: `<namespace>/<name>` or `<name>`, DNS labels.
+    Raises FlagError naming the field before anything is read or written."""
+    if not isinstance(pool, str) or not re.fullmatch(POOL_ID, pool) or len(pool) > 127:
+        raise FlagError(f"pool: expected <namespace>/<name> or <name>, each a DNS label (lowercase letters, digits, "
+                        f"'-'), got {pool!r}")
+    return pool
+
+
+def _values(flat: list[bytes | str]) -> FlagValues:
+    values = {_dec(flat[i]): json.loads(flat[i + 1]) for i in range(0, len(flat), 2)}
+    return FlagValues.model_validate({k: v for k, v in values.items() if k in FlagValues.model_fields})
 
 
 class FlagStore:
@@ -82,6 +101,7 @@ class FlagStore:
 
     @guarded
     def get(self, pool: str) -> FlagSet:
+        check_pool(pool)
         pipe = self.redis.pipeline(transaction=True)
         pipe.hgetall(self._k(pool))
         pipe.get(self._k(pool, "version"))
@@ -101,8 +121,16 @@ class FlagStore:
     @guarded
     def set(self, pool: str, updates: dict[str, Any], actor: str, reason: str = "") -> FlagSet:
         """Change some flags of `pool` atomically: one version bump, one history entry, one publish.
-        Values are validated first (strings like "false" are accepted for bool flags). Setting values
-        equal to the current ones changes nothing (no new version)."""
+        The pool id and the values are validated first (strings like "false" are accepted for bool
+        flags); nothing is written when one is wrong. Setting values equal to the current ones changes
+        nothing (no new version). Returns the pool's flags as this write left them."""
+        return self.write(pool, updates, actor, reason)[0]
+
+    @guarded
+    def write(self, pool: str, updates: dict[str, Any], actor: str, reason: str = "") -> tuple[FlagSet, bool]:
+        """`set`, also telling whether this write changed anything; both read in the write's own atomic
+        step, so a concurrent writer's version or author is never reported as this one's."""
+        check_pool(pool)
         if not actor:
             raise ValueError("actor: expected who is changing the flags (e.g. user@host), got an empty string")
         if not updates:
@@ -112,13 +140,16 @@ class FlagStore:
         args: list[Any] = [actor, repr(time.time()), reason, self.channel(pool), HISTORY_MAXLEN, json.dumps(defaults)]
         for name, value in clean.items():
             args += [name, json.dumps(value)]
-        self._set(keys=[self._k(pool), self._k(pool, "version"), self._k(pool, "meta"), self._k(pool, "history")],
-                  args=args)
-        return self.get(pool)
+        version, changed, flat, updated_by, updated_at = self._set(
+            keys=[self._k(pool), self._k(pool, "version"), self._k(pool, "meta"), self._k(pool, "history")], args=args)
+        flagset = FlagSet(pool=pool, version=int(version), values=_values(flat), updated_by=_dec(updated_by),
+                          updated_at=float(_dec(updated_at)))
+        return flagset, bool(changed)
 
     @guarded
     def history(self, pool: str, n: int = 20) -> list[FlagChange]:
         """The newest `n` changes of `pool`'s flags, newest first."""
+        check_pool(pool)
         out = []
         for _id, fields in self.redis.xrevrange(self._k(pool, "history"), count=n):
             f = {_dec(k): _dec(v) for k, v in fields.items()}

@@ -8,7 +8,10 @@ Rollback of the fused kernel is one command: `vivant flags set --pool P fusedGem
 Every change records who (`--actor`, default `$USER@hostname`), when and why in the pool's history;
 running workers pick it up at their next chunk boundary. The WorkerPool spec is re-applied by the
 operator on reconcile, so a lasting change belongs in the spec too.
-Exit codes: 0 ok, 1 Redis unavailable, 2 bad input (unknown flag, bad value, malformed name=value).
+`set` prints the pool's flags as its own write left them (read atomically with the write) and says
+"no change" when its values were already in force; `--json` prints one JSON document and nothing else.
+Exit codes: 0 ok, 1 Redis unavailable, 2 bad input (bad pool id, unknown flag, bad value, malformed
+name=value): nothing is written then.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import sys
 from datetime import UTC, datetime
 
 from vivant.apis.feature_flags import KNOWN_FLAGS, FlagError, FlagValues
-from vivant.sessions.flags import FlagStore
+from vivant.sessions.flags import FlagStore, check_pool
 from vivant.sessions.models import FlagSet
 from vivant.sessions.registry import RegistryUnavailable
 
@@ -75,22 +78,28 @@ def _print_set(fs: FlagSet) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        check_pool(args.pool)  # before connecting: a bad pool id never reaches Redis
+    except FlagError as exc:
+        print(f"vivant flags {args.action}: {exc}", file=sys.stderr)
+        return 2
     store = FlagStore(args.redis)
     try:
         if args.action == "get":
             fs = store.get(args.pool)
             print(fs.model_dump_json(indent=2)) if args.json else _print_set(fs)
         elif args.action == "set":
-            before = store.version(args.pool)
-            fs = store.set(args.pool, parse_assignments(args.assignments), actor=args.actor, reason=args.reason)
-            if fs.version == before:
+            fs, changed = store.write(args.pool, parse_assignments(args.assignments), actor=args.actor,
+                                      reason=args.reason)
+            if not changed:
                 print(f"pool {args.pool}: no change (already so at version {fs.version})")
             _print_set(fs)
         elif args.action == "history":
             entries = store.history(args.pool, args.n)
             if args.json:
                 print(json.dumps([e.model_dump() for e in entries], indent=2))
-            elif not entries:
+                return 0
+            if not entries:
                 print(f"pool {args.pool}: no flag changes recorded")
             for e in entries:
                 changes = ", ".join(f"{k}: {json.dumps(o)} -> {json.dumps(n)}" for k, (o, n) in e.changes.items())

@@ -2,8 +2,8 @@
 
 Why Redis and Lua: several operator replicas (or an operator and its restarted self) may claim workers
 at the same time; every state change that must not interleave — claim, release, register, reap — is ONE
-Lua script, which Redis runs atomically. A worker never holds two sessions and a session never has two
-workers. (Scripts build key names from a prefix, so this needs a single Redis or Sentinel, not Cluster.)
+Lua script (`registry_lua.py`), which Redis runs atomically. A worker never holds two sessions and a
+session never has two workers. (Scripts build key names from a prefix, so this needs a single Redis or Sentinel, not Cluster.)
 
 Key layout (prefix `vivant:`), per pool P and worker W, session S:
   pool:P:workers   set    registered workers of P (alive or not yet reaped)
@@ -15,6 +15,7 @@ Key layout (prefix `vivant:`), per pool P and worker W, session S:
   session_worker   hash   S -> W
   worker:W         string WorkerInfo JSON
   worker:W:hb      string heartbeat, expires after heartbeat_ttl_s; value = the worker's stats JSON
+  worker_seen      hash   W -> Redis time (ms) of its last registration or heartbeat
   worker:W:inbox   list   Assignment / EndRequest JSON, operator RPUSHes, worker LMOVEs ->
   worker:W:processing list  popped but not yet acknowledged (requeued if the worker restarts)
   session:S:stats  string SessionStats JSON (kept a day)
@@ -23,6 +24,15 @@ Key layout (prefix `vivant:`), per pool P and worker W, session S:
 
 Outages: every public method raises `RegistryUnavailable` (wrapping redis' ConnectionError/TimeoutError)
 when Redis cannot be reached; callers decide to retry (operator) or carry on (a streaming worker).
+
+Alive vs dead (docs/reliability.md): the heartbeat key (TTL `heartbeat_ttl_s`) decides who may be
+*claimed*; a worker is *reaped* (its session failed) only once it has been silent for `reap_grace_s`,
+and silence is counted from the latest of its last heartbeat, the moment Redis last started (a restart,
+persisted or empty) and the moment this client last regained Redis after failing to reach it. So an
+outage of Redis, or between the operator and Redis, never fails a session by itself: the workers, which
+kept streaming, get `reap_grace_s` of reachable Redis to heartbeat again. A Redis restarted empty is
+rebuilt from what the workers know (`register` with the session they stream) and what the CRs know
+(`restore_lease`, called by the operator for a session whose status names its worker).
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ import redis
 from pydantic import ValidationError
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
+from vivant.sessions import registry_lua as lua
 from vivant.sessions.models import (
     INBOX_MESSAGE,
     Assignment,
@@ -80,13 +91,16 @@ def redis_client(url: str) -> redis.Redis:
 
 
 def guarded(fn: Callable[P, T]) -> Callable[P, T]:
-    """Turn redis' connection-level errors into RegistryUnavailable (keeps the cause)."""
+    """Turn redis' connection-level errors into RegistryUnavailable (keeps the cause). An object with a
+    `last_unavailable` attribute has it set to the monotonic time of the failure."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return fn(*args, **kwargs)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if args and hasattr(args[0], "last_unavailable"):
+                args[0].last_unavailable = time.monotonic()  # type: ignore[attr-defined]
             raise RegistryUnavailable(f"redis unavailable during {fn.__name__}: {exc}") from exc
 
     return wrapper
@@ -96,190 +110,6 @@ def _s(value: bytes | str | None) -> str | None:
     if value is None:
         return None
     return value.decode() if isinstance(value, bytes) else value
-
-
-# ------------------------------------------------------------------------------------------------
-# Lua scripts. ARGV[1] is always the key prefix; pool/worker/session ids follow.
-# ------------------------------------------------------------------------------------------------
-
-_LUA_HELPERS = """
-local pfx = ARGV[1]
-local function pk(pool, what) return pfx .. 'pool:' .. pool .. ':' .. what end
-local function hb(w) return pfx .. 'worker:' .. w .. ':hb' end
-"""
-
-# ARGV: prefix, pool, session -> worker id | false
-_CLAIM = _LUA_HELPERS + """
-local pool, session = ARGV[2], ARGV[3]
-local sw = pfx .. 'session_worker'
-local existing = redis.call('HGET', sw, session)
-if existing then
-  local epool = redis.call('HGET', pfx .. 'worker_pool', existing)
-  if epool and redis.call('HGET', pk(epool, 'busy'), existing) == session then
-    if epool == pool then return existing end
-    return redis.error_reply('CONFLICT session ' .. session .. ' is held by worker ' .. existing .. ' of pool ' .. epool)
-  end
-  redis.call('HDEL', sw, session)
-end
-local idle = redis.call('SMEMBERS', pk(pool, 'idle'))
-table.sort(idle)
-for _, w in ipairs(idle) do
-  if redis.call('EXISTS', hb(w)) == 1 and redis.call('SISMEMBER', pk(pool, 'draining'), w) == 0
-     and redis.call('HEXISTS', pk(pool, 'busy'), w) == 0 then
-    redis.call('SREM', pk(pool, 'idle'), w)
-    redis.call('HSET', pk(pool, 'busy'), w, session)
-    redis.call('HSET', sw, session, w)
-    return w
-  end
-end
-return false
-"""
-
-# ARGV: prefix, pool, worker, session -> 1 released | 0 not held
-_RELEASE = _LUA_HELPERS + """
-local pool, w, session = ARGV[2], ARGV[3], ARGV[4]
-if redis.call('HGET', pk(pool, 'busy'), w) ~= session then return 0 end
-redis.call('HDEL', pk(pool, 'busy'), w)
-if redis.call('HGET', pfx .. 'session_worker', session) == w then redis.call('HDEL', pfx .. 'session_worker', session) end
-if redis.call('SISMEMBER', pk(pool, 'workers'), w) == 1 and redis.call('SISMEMBER', pk(pool, 'warm'), w) == 1
-   and redis.call('SISMEMBER', pk(pool, 'draining'), w) == 0 and redis.call('EXISTS', hb(w)) == 1 then
-  redis.call('SADD', pk(pool, 'idle'), w)
-end
-return 1
-"""
-
-# ARGV: prefix, pool, worker, info json, warm ('1'|'0'), ttl ms, session ('' = none)
-# -> 1 ok (session kept if given) | 0 the given session is lost (reaped or held by another worker)
-_REGISTER = _LUA_HELPERS + """
-local pool, w, info, warm, ttl, session = ARGV[2], ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6]), ARGV[7]
-local oldpool = redis.call('HGET', pfx .. 'worker_pool', w)
-if oldpool and oldpool ~= pool then
-  for _, what in ipairs({'workers', 'warm', 'idle', 'draining'}) do redis.call('SREM', pk(oldpool, what), w) end
-end
-redis.call('SET', pfx .. 'worker:' .. w, info)
-redis.call('HSET', pfx .. 'worker_pool', w, pool)
-redis.call('SADD', pk(pool, 'workers'), w)
-redis.call('SET', hb(w), '{}', 'PX', ttl)
-if warm == '1' then redis.call('SADD', pk(pool, 'warm'), w) else redis.call('SREM', pk(pool, 'warm'), w) end
-local result = 1
-if session ~= '' then
-  local holder = redis.call('HGET', pfx .. 'session_worker', session)
-  local mine = redis.call('HGET', pk(pool, 'busy'), w)
-  if redis.call('EXISTS', pfx .. 'session:' .. session .. ':lost') == 1 or (holder and holder ~= w)
-     or (mine and mine ~= session) then
-    result = 0
-  else
-    redis.call('HSET', pk(pool, 'busy'), w, session)
-    redis.call('HSET', pfx .. 'session_worker', session, w)
-  end
-end
-if redis.call('HEXISTS', pk(pool, 'busy'), w) == 1 then
-  redis.call('SREM', pk(pool, 'idle'), w)
-elseif warm == '1' and redis.call('SISMEMBER', pk(pool, 'draining'), w) == 0 then
-  redis.call('SADD', pk(pool, 'idle'), w)
-end
-return result
-"""
-
-# ARGV: prefix, pool, worker, ttl ms, stats json -> 1 | 0 unknown worker (must re-register)
-_HEARTBEAT = _LUA_HELPERS + """
-local pool, w = ARGV[2], ARGV[3]
-if redis.call('SISMEMBER', pk(pool, 'workers'), w) == 0 then return 0 end
-redis.call('SET', hb(w), ARGV[5], 'PX', tonumber(ARGV[4]))
-return 1
-"""
-
-# ARGV: prefix, pool, worker -> 1 | 0
-_SET_WARM = _LUA_HELPERS + """
-local pool, w = ARGV[2], ARGV[3]
-if redis.call('SISMEMBER', pk(pool, 'workers'), w) == 0 then return 0 end
-redis.call('SADD', pk(pool, 'warm'), w)
-if redis.call('HEXISTS', pk(pool, 'busy'), w) == 0 and redis.call('SISMEMBER', pk(pool, 'draining'), w) == 0 then
-  redis.call('SADD', pk(pool, 'idle'), w)
-end
-return 1
-"""
-
-# Remove one worker from every pool structure; tombstone its session. Used by reap and deregister.
-_DROP_WORKER_FN = """
-local function drop(pool, w, why)
-  for _, what in ipairs({'workers', 'warm', 'idle', 'draining'}) do redis.call('SREM', pk(pool, what), w) end
-  redis.call('DEL', pfx .. 'worker:' .. w)
-  redis.call('DEL', hb(w))
-  local s = redis.call('HGET', pk(pool, 'busy'), w)
-  redis.call('HDEL', pk(pool, 'busy'), w)
-  if s then
-    if redis.call('HGET', pfx .. 'session_worker', s) == w then redis.call('HDEL', pfx .. 'session_worker', s) end
-    redis.call('SET', pfx .. 'session:' .. s .. ':lost', why, 'EX', tonumber(ARGV[#ARGV]))
-    return s
-  end
-  return ''
-end
-"""
-
-# ARGV: prefix, pool, ttl s -> flat list [w1, s1, w2, s2, ...] ('' = no session)
-_REAP = _LUA_HELPERS + _DROP_WORKER_FN + """
-local pool = ARGV[2]
-local out = {}
-for _, w in ipairs(redis.call('SMEMBERS', pk(pool, 'workers'))) do
-  if redis.call('EXISTS', hb(w)) == 0 then
-    local s = drop(pool, w, 'heartbeat of worker ' .. w .. ' expired')
-    table.insert(out, w)
-    table.insert(out, s)
-  end
-end
-return out
-"""
-
-# ARGV: prefix, pool, worker, reason, ttl s -> session id | ''
-_DEREGISTER = _LUA_HELPERS + _DROP_WORKER_FN + """
-return drop(ARGV[2], ARGV[3], ARGV[4])
-"""
-
-# ARGV: prefix, pool, worker, session, reason, ttl s -> 1 | 0: give up a held session (worker restarted)
-_ABANDON = _LUA_HELPERS + """
-local pool, w, session = ARGV[2], ARGV[3], ARGV[4]
-if redis.call('HGET', pk(pool, 'busy'), w) ~= session then return 0 end
-redis.call('HDEL', pk(pool, 'busy'), w)
-if redis.call('HGET', pfx .. 'session_worker', session) == w then redis.call('HDEL', pfx .. 'session_worker', session) end
-redis.call('SET', pfx .. 'session:' .. session .. ':lost', ARGV[5], 'EX', tonumber(ARGV[6]))
-if redis.call('SISMEMBER', pk(pool, 'warm'), w) == 1 and redis.call('SISMEMBER', pk(pool, 'draining'), w) == 0 then
-  redis.call('SADD', pk(pool, 'idle'), w)
-end
-return 1
-"""
-
-# ARGV: prefix, pool -> {registered, loading, idle, busy, draining, dead}
-_COUNTS = _LUA_HELPERS + """
-local pool = ARGV[2]
-local c = {0, 0, 0, 0, 0, 0}
-for _, w in ipairs(redis.call('SMEMBERS', pk(pool, 'workers'))) do
-  if redis.call('EXISTS', hb(w)) == 1 then
-    c[1] = c[1] + 1
-    if redis.call('SISMEMBER', pk(pool, 'warm'), w) == 0 then c[2] = c[2] + 1 end
-    if redis.call('SISMEMBER', pk(pool, 'idle'), w) == 1 then c[3] = c[3] + 1 end
-    if redis.call('HEXISTS', pk(pool, 'busy'), w) == 1 then c[4] = c[4] + 1 end
-    if redis.call('SISMEMBER', pk(pool, 'draining'), w) == 1 then c[5] = c[5] + 1 end
-  else
-    c[6] = c[6] + 1
-  end
-end
-return c
-"""
-
-# ARGV: prefix, pool, worker... -> number newly marked
-_DRAIN = _LUA_HELPERS + """
-local pool = ARGV[2]
-local n = 0
-for i = 3, #ARGV do
-  local w = ARGV[i]
-  if redis.call('SISMEMBER', pk(pool, 'workers'), w) == 1 then
-    n = n + redis.call('SADD', pk(pool, 'draining'), w)
-    redis.call('SREM', pk(pool, 'idle'), w)
-  end
-end
-return n
-"""
 
 
 def _redact_token(text: str) -> str:
@@ -299,26 +129,36 @@ class Registry:
     connections), so a worker's heartbeat thread and its main loop may share it.
 
     `redis`: a URL (a fail-fast client is built, see `redis_client`) or a ready `redis.Redis`.
-    `heartbeat_ttl_s`: a worker whose heartbeat is older than this is dead; it should beat every ttl/3.
+    `heartbeat_ttl_s`: a worker whose heartbeat is older than this is not claimed; it beats every ttl/3.
+    `reap_grace_s`: a worker silent this long while Redis was reachable is dead (its session failed);
+    at least `heartbeat_ttl_s`, which is the default (the operator configures 30 s). Outages of Redis
+    shorter than it, and restarts of Redis after any outage, lose no session (docs/reliability.md).
     """
 
-    def __init__(self, redis_: str | redis.Redis, *, heartbeat_ttl_s: float = 10.0, prefix: str = PREFIX) -> None:
+    def __init__(self, redis_: str | redis.Redis, *, heartbeat_ttl_s: float = 10.0, reap_grace_s: float | None = None,
+                 prefix: str = PREFIX) -> None:
         if heartbeat_ttl_s <= 0:
             raise ValueError(f"heartbeat_ttl_s: expected > 0 seconds, got {heartbeat_ttl_s}")
+        reap_grace_s = heartbeat_ttl_s if reap_grace_s is None else reap_grace_s
+        if reap_grace_s < heartbeat_ttl_s:
+            raise ValueError(f"reap_grace_s: expected >= heartbeat_ttl_s ({heartbeat_ttl_s} s), got {reap_grace_s}")
         self.redis = redis_client(redis_) if isinstance(redis_, str) else redis_
         self.heartbeat_ttl_s = heartbeat_ttl_s
+        self.reap_grace_s = reap_grace_s
+        self.last_unavailable: float | None = None  # monotonic time of the last failure to reach Redis
         self.prefix = prefix
         r = self.redis
-        self._claim = r.register_script(_CLAIM)
-        self._release = r.register_script(_RELEASE)
-        self._register = r.register_script(_REGISTER)
-        self._heartbeat = r.register_script(_HEARTBEAT)
-        self._set_warm = r.register_script(_SET_WARM)
-        self._reap = r.register_script(_REAP)
-        self._deregister = r.register_script(_DEREGISTER)
-        self._abandon = r.register_script(_ABANDON)
-        self._counts = r.register_script(_COUNTS)
-        self._drain = r.register_script(_DRAIN)
+        self._claim = r.register_script(lua.CLAIM)
+        self._release = r.register_script(lua.RELEASE)
+        self._register = r.register_script(lua.REGISTER)
+        self._heartbeat = r.register_script(lua.HEARTBEAT)
+        self._set_warm = r.register_script(lua.SET_WARM)
+        self._reap = r.register_script(lua.REAP)
+        self._deregister = r.register_script(lua.DEREGISTER)
+        self._abandon = r.register_script(lua.ABANDON)
+        self._counts = r.register_script(lua.COUNTS)
+        self._drain = r.register_script(lua.DRAIN)
+        self._restore = r.register_script(lua.RESTORE)
 
     # -- key names ---------------------------------------------------------------------------------
     def _k(self, *parts: str) -> str:
@@ -490,15 +330,31 @@ class Registry:
         self.redis.rpush(self.inbox_key(worker_id), EndRequest(session_id=session_id, reason=reason).model_dump_json())
 
     @guarded
+    def restore_lease(self, pool: str, worker_id: str, session_id: str) -> bool:
+        """Rebuild a lease the CharacterSession knows (its status names the worker) after Redis lost it.
+        True if `worker_id` now holds `session_id`; False when that would double-assign (the worker holds
+        another session, or the session another worker) or the session was marked lost."""
+        return bool(self._restore(args=[self.prefix, pool, worker_id, session_id]))
+
+    @guarded
+    def leases(self, pool: str) -> dict[str, str]:
+        """worker -> session of every lease in `pool`."""
+        return {_s(w): _s(s) for w, s in self.redis.hgetall(self._k("pool", pool, "busy")).items()}  # type: ignore[misc]
+
+    @guarded
     def release(self, pool: str, worker_id: str, session_id: str) -> bool:
         """Free the lease only if `worker_id` still holds `session_id` (True); otherwise change nothing."""
         return bool(self._release(args=[self.prefix, pool, worker_id, session_id]))
 
     @guarded
     def reap_dead_workers(self, pool: str) -> list[tuple[str, str | None]]:
-        """Remove workers whose heartbeat expired; returns (worker_id, session it held or None) so the
-        operator can mark those sessions Failed. Their sessions are marked lost."""
-        flat = [_s(x) for x in self._reap(args=[self.prefix, pool, SESSION_RECORD_TTL_S])]
+        """Remove workers silent for `reap_grace_s` while Redis was reachable; returns (worker_id, session
+        it held or None) so the operator can mark those sessions Failed. Their sessions are marked lost."""
+        settled_s = float(self.redis.info("server")["uptime_in_seconds"]) + 1.0  # whole seconds, rounded down
+        if self.last_unavailable is not None:
+            settled_s = min(settled_s, time.monotonic() - self.last_unavailable)
+        flat = [_s(x) for x in self._reap(args=[self.prefix, pool, int(self.reap_grace_s * 1000),
+                                                int(settled_s * 1000), SESSION_RECORD_TTL_S])]
         return [(flat[i], flat[i + 1] or None) for i in range(0, len(flat), 2)]  # type: ignore[misc]
 
     @guarded

@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -19,19 +20,26 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """A redis-server child process on 127.0.0.1:port (no persistence)."""
+    """A redis-server child process on 127.0.0.1:port. No persistence by default; with `data_dir` it
+    keeps an append-only file there (fsync'd on every write), so `stop()` + `start()` is an outage that
+    loses nothing, and `start(empty=True)` a restart that lost everything."""
 
-    def __init__(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
+    def __init__(self, data_dir: Path | None = None) -> None:
+        if shutil.which("redis-server") is None:
             raise RuntimeError("redis-server not found: run `make sysdeps` (Debian package redis-server)")
         self.port = free_port()
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        self.data_dir = data_dir
+        self.proc = self._spawn()
         self._wait_ready()
+
+    def _spawn(self) -> subprocess.Popen:
+        args = [shutil.which("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        if self.data_dir is None:
+            args += ["--appendonly", "no"]
+        else:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            args += ["--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.data_dir)]
+        return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     @property
     def url(self) -> str:
@@ -50,7 +58,12 @@ class RedisServer:
         self.stop()
         raise RuntimeError(f"redis-server on port {self.port} did not answer PING within {timeout}s")
 
-    def stop(self) -> None:
+    def stop(self, *, kill: bool = False) -> None:
+        """Stop the server: SIGTERM (it shuts down cleanly), or with `kill` SIGKILL (a crash: nothing is
+        written after the signal, so only what it fsync'd survives)."""
+        if self.proc.poll() is None and kill:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -58,13 +71,12 @@ class RedisServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
 
-    def start(self) -> None:
-        """Start again on the same port after `stop()` (a Redis outage, for resilience tests)."""
+    def start(self, *, empty: bool = False) -> None:
+        """Start again on the same port after `stop()` (a Redis outage, for resilience tests); `empty`
+        drops the persisted data first (a Redis that came back with nothing)."""
         if self.proc.poll() is None:
             return
-        self.proc = subprocess.Popen(
-            [shutil.which("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        if empty and self.data_dir is not None:
+            shutil.rmtree(self.data_dir)
+        self.proc = self._spawn()
         self._wait_ready()

@@ -26,7 +26,7 @@ def test_plugin_checks_its_body_with_the_gateways_model() -> None:
     assert session_request_body(avatar_id="ada", livekit_url="wss://lk.example.com", token=TOKEN, room="room-1",
                                 agent_identity="agent-1", max_duration_s=None)["livekit"]["roomName"] == "room-1"
     with pytest.raises(VivantAvatarError, match=r"^session request: livekit\.roomName: ") as err:
-        session_request_body(avatar_id="ada", livekit_url="wss://lk.example.com", token=TOKEN, room="room 1",
+        session_request_body(avatar_id="ada", livekit_url="wss://lk.example.com", token=TOKEN, room="r" * 257,
                              agent_identity="agent-1", max_duration_s=120)
     assert TOKEN not in str(err.value)
     with pytest.raises(VivantAvatarError, match=r"maxDuration"):

@@ -380,6 +380,7 @@ def test_api_has_a_role_in_its_namespace_only():
         ("vivant.dev", "charactersessions"): {"get", "list", "create", "delete"},
         ("vivant.dev", "workerpools"): {"get"},
         ("", "secrets"): {"create", "patch", "delete"},
+        ("coordination.k8s.io", "leases"): {"get", "list", "create", "update"},  # capacity slots
     }
     binding = one(objs, "RoleBinding", "rel-vivant-api")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rel-vivant-api", "namespace": "vivant-system"}]

@@ -358,6 +358,8 @@ def space(kube: Kube, kube_client: Any, namespace: str, redis_url: str,
     monkeypatch.setenv("LIVEKIT_API_KEY", "APItestkey")
     monkeypatch.setenv("LIVEKIT_API_SECRET", LIVEKIT_SECRET)
     monkeypatch.setenv("VIVANT_HEARTBEAT_TTL_S", str(HEARTBEAT_TTL_S))
+    # a silent worker is reaped after this (the default, 30 s, rides out Redis outages; docs/reliability.md)
+    monkeypatch.setenv("VIVANT_REAP_GRACE_S", str(2 * HEARTBEAT_TTL_S))
     monkeypatch.setenv("VIVANT_CONNECT_TIMEOUT_S", "30")
     s = Space(kube_client, namespace)
     yield s

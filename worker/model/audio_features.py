@@ -5,6 +5,10 @@ A chunk covers `fpc / fps` seconds of audio (1/6 s: 2666 or 2667 samples at 16 k
 each window gives F log band energies: a Hann-windowed FFT (size = next power of two ≥ the window),
 its power summed into F bands evenly spaced on the mel scale between 60 Hz and sr/2, then log(1e-6 + ·).
 Output `[A, F]` float32. Deterministic and cheap; no learned frontend, no downloads.
+
+Samples are float PCM with full scale 1.0: finite samples beyond it are clipped to ±1 (a louder
+sender gets a saturated voice, never features that overflow float32 and poison the session); NaN or
+Inf samples are refused with `AudioError`.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import math
 
 import numpy as np
 import torch
+
+FULL_SCALE = 1.0  # float PCM full scale; louder samples are clipped to it
 
 
 class AudioError(ValueError):
@@ -56,7 +62,8 @@ class AudioFeaturizer:
         if x.dim() != 1:
             raise AudioError(f"audio shape = {tuple(x.shape)}; expected mono 1-D samples")
         if not torch.isfinite(x).all():
-            raise AudioError("audio contains NaN or Inf samples")
+            raise AudioError("audio contains NaN or Inf samples; expected finite float PCM in [-1, 1]")
+        x = x.clamp(-FULL_SCALE, FULL_SCALE)
         need = self.window * self.tokens
         if x.numel() < need:  # a short last chunk (or a 2666 vs 2667 sample chunk): pad with silence
             x = torch.nn.functional.pad(x, (0, need - x.numel()))

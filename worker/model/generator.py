@@ -142,6 +142,10 @@ class ChunkGenerator:
             torch.cuda.synchronize(self.device)
         t1 = time.perf_counter()
         self.chunk += 1
+        if not bool(torch.isfinite(x).all()):
+            # NaN/Inf reached the cache: every later chunk would attend it. Start the session's state
+            # afresh (cache cleared, positions from 0); this chunk is reported as it is (a numerical fault).
+            self.reset_session(self.seed)
         return ChunkOutput(index=n, latents=x.float(), position_t=pos_t, reset=reset,
                            timings_ms={"total": (t1 - t0) * 1e3, "reset": (t_cache - t0) * 1e3,
                                        "passes": (t1 - t_cache) * 1e3})

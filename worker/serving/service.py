@@ -429,9 +429,18 @@ class WorkerService:
         msg = self._in_loop(lambda: self.registry.next_message(self.worker_id, 0), None)
         if msg is None:
             return ""
-        self._ack(msg)
         if isinstance(msg, EndRequest) and msg.session_id == a.session_id:
+            self._ack(msg)
             return msg.reason
+        if isinstance(msg, Assignment):
+            holder = self._in_loop(lambda: self.registry.session_of(self.pool, self.worker_id), a.session_id)
+            if holder == msg.session_id:
+                # The registry gave this worker to another session: our lease is gone (released by a delete
+                # or an orphan sweep). Stop this one and serve the new one next instead of dropping it.
+                self._in_loop(lambda: self.registry.recover_unacked(self.worker_id), 0)
+                self._lease_lost = f"the worker was assigned session {msg.session_id}"
+                return f"lease lost: {self._lease_lost}"
+        self._ack(msg)
         log.error("worker %s: busy with session %s; dropped %s for session %s", self.worker_id, a.session_id,
                   msg.kind, msg.session_id)
         return ""

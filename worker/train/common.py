@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from vivant.worker.model.weights import CHECKSUM_KEY, tensors_digest
 
 
 @dataclass
@@ -78,6 +79,7 @@ def save_tensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: d
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    metadata = {**(metadata or {}), CHECKSUM_KEY: tensors_digest(tensors)}  # checked when a worker loads it
     try:
         from safetensors.torch import save_file
     except ImportError:
