@@ -87,7 +87,7 @@ async def test_the_worker_honours_an_interruption_in_a_real_room(livekit_server:
         # rank 0 goes back to silence: the rest of the utterance is not diffused
         trace = w.folder(SESSION) / "rank0.jsonl"
         await until("rank 0 diffusing silence after the interrupt",
-                    lambda: (s := chunk_speech(trace)) and s[-1] == 0 and len(s) > s.index(max(s)), 30)
+                    lambda: (s := chunk_speech(trace)) and any(s) and s[-1] == 0, 30)
         before = chunk_speech(trace)
         first = sum(before)
         assert 0 < first < LONG_S * RATE, f"rank 0 diffused {first} samples of the interrupted {LONG_S} s utterance"
