@@ -190,21 +190,39 @@ async def test_clear_buffer_mutes_queued_and_in_flight_speech_and_rank0_drops_th
         feed.apply(e)
     events.clear()
     taken = [feed.audio_in.next_chunk() for _ in range(3)]  # chunks 0, 1 delivered; 2 is being decoded
-    epoch_of_2 = video.clear_epoch
+    epoch_of_2 = feed.clears  # what rank 0 sends with each chunk: the clears it had applied when it took it
     for c in taken[:2]:
-        video.deliver(c.index, flat(50), c.samples, c.speech_samples, False, video.clear_epoch)
+        video.deliver(c.index, flat(50), c.samples, c.speech_samples, False, feed.clears)
     assert video.queued_items() == 16, "two speech chunks: 4 video + 4 audio frames each"
-    video.clear_buffer()  # the agent interrupts
+    await video.clear_buffer()  # the agent interrupts
     assert events == [("clear",)], f"the interrupt must reach rank 0: {events}"
     feed.apply(events[0])
     video.deliver(2, flat(50), taken[2].samples, taken[2].speech_samples, False, epoch_of_2)
     after = feed.audio_in.next_chunk()
-    video.deliver(3, flat(50), after.samples, after.speech_samples, False, video.clear_epoch)
+    video.deliver(3, flat(50), after.samples, after.speech_samples, False, feed.clears)
     out = await drain(video)
     assert [type(o) for o in out] == [rtc.VideoFrame] * 16, "after an interrupt only (silent) video may remain"
     assert video.stats.speech_samples_after_clear == 0, "speech was published after the interrupt"
     assert after.speech_samples == 0 and not np.any(after.samples), "the chunk after the interrupt is silence"
     assert feed.audio_in.cleared_samples > 32000 - 3 * 2667 - 100, "rank 0 must drop the rest of the speech"
+
+
+async def test_clear_buffer_returns_once_the_runner_published_the_frame_it_holds() -> None:
+    """`AvatarRunner` resets its playback position when `clear_buffer` returns; a speech frame it took before the
+    interrupt and is still pushing must be done by then, or it would start a new playback (`lk.playback_started`
+    with no speech from the agent)."""
+    video = RoomVideo(CFG, lambda e: None)
+    speech = (0.3 * np.sin(np.arange(2666) * 0.05)).astype(np.float32)
+    video.deliver(0, flat(10), speech, len(speech), False, video.clear_epoch)
+    frames = video.__aiter__()
+    assert isinstance(await anext(frames), rtc.VideoFrame)
+    assert isinstance(await anext(frames), rtc.AudioFrame)  # the runner holds this one, pushing it
+    clear = asyncio.ensure_future(video.clear_buffer())
+    await asyncio.sleep(0.05)
+    assert not clear.done(), "clear_buffer returned while the runner still held a speech frame"
+    assert isinstance(await anext(frames), rtc.VideoFrame), "the interrupt keeps the video"  # the runner is back
+    await asyncio.wait_for(clear, 1.0)
+    assert [type(o) for o in await drain(video)] == [rtc.VideoFrame] * 2, "the queued speech is dropped"
 
 
 async def test_clear_buffer_through_avatar_runner_reports_interrupted() -> None:

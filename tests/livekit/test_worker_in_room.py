@@ -26,8 +26,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 AGENT, AVATAR, ROOM = "agent-1", "vivant-avatar-room", "room-worker"
 
 
-def agent_token(state: LiveKitState) -> str:
-    grants = api.VideoGrants(room_join=True, room=ROOM, can_publish=True, can_subscribe=True, can_publish_data=True)
+def agent_token(state: LiveKitState, room: str = ROOM) -> str:
+    grants = api.VideoGrants(room_join=True, room=room, can_publish=True, can_subscribe=True, can_publish_data=True)
     return (api.AccessToken(state.api_key, state.api_secret).with_identity(AGENT).with_kind("agent")
             .with_grants(grants).to_jwt())
 

@@ -71,7 +71,7 @@ class DecoderRank:
         self.playout: Playout | None = None
         self.room = None  # a LiveKit RoomSession
         self.stage: DecoderStage | None = None  # the LiveKit output's decoder stage (the playout has its own)
-        self.meta: dict[int, tuple] = {}  # chunk → (speech samples, ends segment, clear epoch) for the room
+        self.meta: dict[int, tuple] = {}  # chunk → (speech samples, ends segment, rank 0's clear epoch) for the room
         self.chunks = 0
         self.error = ""
         self.trace = SessionTrace(None, self.rank)
@@ -143,7 +143,7 @@ class DecoderRank:
                 self.playout.submit(chunk)
             elif self.room is not None:
                 self.room.wait_lead()
-                self.meta[m.chunk] = (m.speech_samples, m.ends_segment, self.room.clear_epoch)
+                self.meta[m.chunk] = (m.speech_samples, m.ends_segment, m.clear_epoch)
                 self.stage.submit(chunk)
             self.chunks += 1
             self.trace.write(event="chunk", session=m.session, chunk=m.chunk)

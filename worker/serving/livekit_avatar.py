@@ -20,9 +20,11 @@ chunks:
     decoder stage → RoomVideo.deliver: per frame an RGBA rtc.VideoFrame and, for speech, its 1/24 s of audio;
     AudioSegmentEnd after a segment's last chunk (→ lk.playback_finished)
 
-Interrupts: `RoomVideo.clear_buffer` drops the speech queued for publication (the video stays) and mutes every
-chunk already on its way (a clear epoch), so no speech sample is heard after the interrupt; rank 0 drops the
-speech not yet taken, so the video returns to idle within the chunks in flight. `AvatarRunner` then reports
+Interrupts: `RoomVideo.clear_buffer` drops the speech queued for publication (the video stays) and counts a clear
+epoch; rank 0 drops the speech not yet taken and counts the clears it applied (`RoomFeed.clears`), which every
+chunk carries over the link. A chunk whose audio rank 0 took before it applied the latest clear (one being
+diffused or decoded when the interrupt came) is published muted, so no speech sample is heard after the
+interrupt and the video returns to idle within the chunks in flight. `AvatarRunner` then reports
 `lk.playback_finished(interrupted=True)`.
 
 `EndWatch` ends a session for one of five reasons: the agent left the room, an `END_CALL` data message
@@ -105,11 +107,15 @@ class RoomVideo(VideoGenerator):
     """The avatar's `VideoGenerator` on the decoder rank (module docstring): the agent's audio is forwarded to
     rank 0; decoded chunks come in with `deliver` (on the event loop) and are read by the `AvatarRunner`."""
 
+    HANDOFF_TIMEOUT_S = 1.0  # an item's publication takes at most a frame interval (the synchronizer's pacing)
+
     def __init__(self, grid: VideoGrid, forward: Callable[[RoomEvent], None]) -> None:
         self.grid, self.forward = grid, forward
         self.stats = VideoStats()
         self._ready: asyncio.Queue[rtc.VideoFrame | rtc.AudioFrame | AudioSegmentEnd | None] = asyncio.Queue()
         self._clear_epoch = 0
+        self._nothing_in_hand = asyncio.Event()  # clear while the runner publishes an item it took from us
+        self._nothing_in_hand.set()
 
     async def push_audio(self, frame: rtc.AudioFrame | AudioSegmentEnd) -> None:
         if isinstance(frame, AudioSegmentEnd):
@@ -117,7 +123,12 @@ class RoomVideo(VideoGenerator):
         else:
             self.forward(("speech", audio_frame_to_mono(frame), frame.sample_rate))
 
-    def clear_buffer(self) -> None:
+    async def clear_buffer(self) -> None:
+        """An interrupt (the runner awaits this before it reports `lk.playback_finished(interrupted=True)` and
+        resets its playback position): forward it to rank 0, drop the speech queued here, then wait (at most
+        `HANDOFF_TIMEOUT_S`) until the runner has published the item it already took from us, so that a speech
+        frame taken before the interrupt counts toward the interrupted playback instead of starting a new one
+        (a stray `lk.playback_started`)."""
         self.forward(("clear",))
         self._clear_epoch += 1
         self.stats.clears += 1
@@ -129,6 +140,10 @@ class RoomVideo(VideoGenerator):
                 kept.append(item)
         for item in kept:
             self._ready.put_nowait(item)
+        try:
+            await asyncio.wait_for(self._nothing_in_hand.wait(), self.HANDOFF_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("interrupt: the avatar runner still publishes a frame after %.1fs", self.HANDOFF_TIMEOUT_S)
 
     def close(self) -> None:
         self._ready.put_nowait(None)
@@ -143,7 +158,8 @@ class RoomVideo(VideoGenerator):
     def deliver(self, index: int, frames: np.ndarray, pcm: np.ndarray, speech_samples: int, ends_segment: bool,
                 epoch: int) -> None:
         """On the event loop: queue chunk `index`'s frames uint8 [frames_per_chunk, H, W, 3] and, for speech, each
-        frame's 1/24 s of `pcm` — muted when an interrupt landed since `epoch` (taken when the chunk arrived)."""
+        frame's 1/24 s of `pcm` — muted when `epoch` (the clears rank 0 had applied when it took the chunk's audio)
+        is behind this generator's clears."""
         g = self.grid
         if frames.shape != (g.frames_per_chunk, g.height, g.width, 3):
             raise ValueError(f"decoded frames: expected [{g.frames_per_chunk}, {g.height}, {g.width}, 3], "
@@ -177,7 +193,11 @@ class RoomVideo(VideoGenerator):
             item = await self._ready.get()
             if item is None:
                 return
-            yield item
+            self._nothing_in_hand.clear()
+            try:
+                yield item
+            finally:
+                self._nothing_in_hand.set()
 
 
 class EndWatch:

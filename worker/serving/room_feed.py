@@ -28,6 +28,7 @@ class RoomFeed:
     def __init__(self, audio_in: AudioInput) -> None:
         self.audio_in = audio_in
         self.end_reason: str | None = None
+        self.clears = 0  # interrupts applied: each chunk carries it, the decoder rank mutes chunks from before one
         self._segment_open = False
         self._segment_end_pending = False
 
@@ -42,6 +43,7 @@ class RoomFeed:
                 self._segment_end_pending, self._segment_open = True, False
         elif kind == "clear":
             self.audio_in.clear_buffer()
+            self.clears += 1
             self._segment_open = self._segment_end_pending = False
         elif kind == "end":
             self.end_reason = self.end_reason or str(event[1])

@@ -205,6 +205,7 @@ class RankRuntime:
         gen, n = self.generator, self.generator.chunk
         chunk = self._audio.next_chunk()
         ends_segment = self._feed is not None and self._feed.ends_segment(chunk)
+        clear_epoch = self._feed.clears if self._feed is not None else 0  # the decoder rank mutes older epochs
         pcm = chunk.samples
         bad = int((~np.isfinite(pcm)).sum())
         if bad:
@@ -217,7 +218,8 @@ class RankRuntime:
             out = gen.generate_chunk(pcm, self.cfg.audio_sample_rate)
             ms = (time.perf_counter() - t0) * 1e3
             self.link.send_chunk(self.sessions, n, out.latents, pcm, (t_taken, time.monotonic()),
-                                 speech_samples=chunk.speech_samples, ends_segment=ends_segment)
+                                 speech_samples=chunk.speech_samples, ends_segment=ends_segment,
+                                 clear_epoch=clear_epoch)
             return out, ms
 
         out, ms = self._collective(run)

@@ -117,6 +117,7 @@ class LinkMessage:
     times: tuple[float, float] = (0.0, 0.0)  # CHUNK: (audio taken, diffused), monotonic seconds
     speech_samples: int = 0  # CHUNK: samples of speech in pcm (the rest is silence)
     ends_segment: bool = False  # CHUNK: the last chunk of a finished speech segment
+    clear_epoch: int = 0  # CHUNK: interrupts (lk.clear_buffer) rank 0 had applied when it took the chunk's audio
 
 
 @dataclass(frozen=True)
@@ -171,14 +172,15 @@ class DecoderLink:
         self._send([self._word(Op.BEGIN, session, 0, 0, data.numel()), data], wait=True)
 
     def send_chunk(self, session: int, index: int, latents: torch.Tensor, pcm: np.ndarray,
-                   times: tuple[float, float], *, speech_samples: int = 0, ends_segment: bool = False) -> None:
+                   times: tuple[float, float], *, speech_samples: int = 0, ends_segment: bool = False,
+                   clear_epoch: int = 0) -> None:
         if tuple(latents.shape) != self.shape:
             raise ValueError(f"latents: expected shape {list(self.shape)}, got {list(latents.shape)}")
         if len(pcm) > self.max_samples:
             raise ValueError(f"pcm: expected at most {self.max_samples} samples, got {len(pcm)}")
         audio = torch.zeros(self.max_samples, dtype=torch.float32)
         audio[: len(pcm)] = torch.from_numpy(np.ascontiguousarray(pcm, dtype=np.float32))
-        word = self._word(Op.CHUNK, session, index, len(pcm), 0, speech_samples, int(ends_segment))
+        word = self._word(Op.CHUNK, session, index, len(pcm), 0, speech_samples, int(ends_segment), clear_epoch)
         self._send([word, torch.tensor(times, dtype=torch.float64),
                     latents.detach().to(torch.float32).contiguous(), audio], wait=False)
 
@@ -200,7 +202,7 @@ class DecoderLink:
     def receive(self) -> LinkMessage:
         word = torch.zeros(WORDS, dtype=torch.int64, device=self.device)
         dist.recv(word, src=self.peer, group=self.group)
-        op, session, chunk, samples, payload_len, speech, ends = (int(v) for v in word.tolist()[:7])
+        op, session, chunk, samples, payload_len, speech, ends, epoch = (int(v) for v in word.tolist()[:8])
         op = Op(op)
         if op in (Op.BEGIN, Op.END):
             data = torch.zeros(payload_len, dtype=torch.uint8, device=self.device)
@@ -214,7 +216,8 @@ class DecoderLink:
                 dist.recv(t, src=self.peer, group=self.group)
             t_taken, t_diffused = times.tolist()
             return LinkMessage(op, session, chunk, latents=latents, pcm=audio[:samples].cpu().numpy().copy(),
-                               times=(t_taken, t_diffused), speech_samples=speech, ends_segment=bool(ends))
+                               times=(t_taken, t_diffused), speech_samples=speech, ends_segment=bool(ends),
+                               clear_epoch=epoch)
         return LinkMessage(op, session, chunk)
 
     def send_ack(self, ack: Ack) -> None:
