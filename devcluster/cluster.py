@@ -89,8 +89,8 @@ class NodePoolSpec:
     taints: tuple[Taint, ...] = (Taint("nvidia.com/gpu", "present", "NoSchedule"),)
 
     def __post_init__(self) -> None:
-        if self.nodes < 0 or self.nodes > 200:
-            raise ValueError(f"nodes: expected 0..200, got {self.nodes}")
+        if self.nodes < 0 or self.nodes > 5000:
+            raise ValueError(f"nodes: expected 0..5000, got {self.nodes}")
         if self.gpus_per_node < 0 or self.gpus_per_node > 64:
             raise ValueError(f"gpus_per_node: expected 0..64, got {self.gpus_per_node}")
 
@@ -274,11 +274,12 @@ class LocalCluster:
                 "--node-lease-duration-seconds=40", f"--config={STAGES}",
             ])
             pools = (self.spec.system_pool, self.spec.node_pool)
-            for pool in pools:
-                for i in range(pool.nodes):
-                    self.kubectl_apply(pool.node_manifest(i))
-            total = sum(p.nodes for p in pools)
-            self._wait(lambda: self._nodes_ready(total), f"{total} nodes Ready", 60)
+            nodes = [pool.node_manifest(i) for pool in pools for i in range(pool.nodes)]
+            for start in range(0, len(nodes), 250):  # one kubectl per 250 nodes (a fleet has thousands)
+                self.kubectl_apply({"apiVersion": "v1", "kind": "List", "items": nodes[start:start + 250]},
+                                   timeout=300)
+            total = len(nodes)
+            self._wait(lambda: self._nodes_ready(total), f"{total} nodes Ready", max(60, total / 10))
             self._wait(lambda: self.kubectl("get", "serviceaccount", "default", "-n", "default", check=False)
                        .returncode == 0, "the default ServiceAccount", 60)
             if self.spec.redis:
@@ -340,8 +341,8 @@ class LocalCluster:
             raise RuntimeError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
         return proc
 
-    def kubectl_apply(self, manifest: dict[str, Any]) -> None:
-        self.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+    def kubectl_apply(self, manifest: dict[str, Any], timeout: float = 60) -> None:
+        self.kubectl("apply", "-f", "-", input=json.dumps(manifest), timeout=timeout)
 
     def _start(self, name: str, cmd: list[str]) -> None:
         assert self.state is not None
