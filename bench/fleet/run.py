@@ -395,6 +395,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"vivant bench fleet: {exc}")
         return 2
     state = args.state_dir or Path(tempfile.mkdtemp(prefix="vivant-fleet-"))
+    # SIGTERM (and SIGINT, which a background job ignores) stop the run with its clean-up: processes, cluster
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     result = run_bench(cfg, state, keep=args.keep, log=lambda m: print(m, flush=True))
     out = args.out or RESULTS / f"fleet_{cfg.label}_{cfg.sessions}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

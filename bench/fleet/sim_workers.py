@@ -11,7 +11,7 @@ through `vivant.sessions.registry.Registry`, in the real worker's order:
   the registry forgot it;
 - inbox, in order: an Assignment is checked against the lease (`session_of`; a stale one is acked and
   dropped), reported Connecting, and after `connect_s` (joining the room) acked and reported Streaming
-  at 24 fps, then reported every `stats_interval_s`; an Assignment that arrives while the worker is
+  (frames over time, ~24 fps), then reported every `stats_interval_s`; an Assignment that arrives while the worker is
   busy is acked and dropped, as the real chunk loop does (counted: it means the lease was handed out
   while the worker still streamed); an EndRequest for its session ends it after `end_s` (the chunk
   boundary + leaving the room): final SessionStats (Ended, the reason), then `finish` (lease freed);
@@ -263,11 +263,14 @@ class SimWorker:
             self.end_requested.set()
 
     def _stats(self, sid: str, phase: str, t0: float, reason: str | None = None) -> SessionStats:
+        # as worker/service.py computes them: frames delivered (4 per chunk) over the wall time since the
+        # start, so the average moves a little with every report, as a real one does
         t = self.fleet.timing
-        streamed = max(0.0, time.monotonic() - t0) if t0 else 0.0
-        self.chunks = int(streamed * t.fps / 4)
-        return SessionStats(session_id=sid, worker_id=self.worker_id, phase=phase, fps=t.fps if streamed else 0.0,
-                            chunks=self.chunks, streamed_s=streamed, chunk_p99_ms=110.0, end_reason=reason)
+        elapsed = max(0.0, time.monotonic() - t0) if t0 else 0.0
+        self.chunks = int(elapsed * t.fps / 4)
+        fps = self.chunks * 4 / elapsed if elapsed > 0 else 0.0
+        return SessionStats(session_id=sid, worker_id=self.worker_id, phase=phase, fps=fps, chunks=self.chunks,
+                            streamed_s=self.chunks * 4 / t.fps, chunk_p99_ms=110.0, end_reason=reason)
 
     async def stream(self, a: Any) -> None:
         reg, f, t = self.fleet.registry, self.fleet, self.fleet.timing
@@ -281,14 +284,15 @@ class SimWorker:
                 pass
             await f.call("ack", lambda: reg.ack(self.worker_id, a))
             t0 = time.monotonic()
-            while not self.end_requested.is_set():
+            while True:  # the first Streaming report comes one interval after the start, as in the real loop
+                try:
+                    await asyncio.wait_for(self.end_requested.wait(), timeout=t.stats_interval_s)
+                    break
+                except TimeoutError:
+                    pass
                 st = self._stats(sid, "Streaming", t0)
                 await f.call("report_session", lambda st=st: reg.report_session(sid, st))
                 f.streaming_at.setdefault(sid, time.time())
-                try:
-                    await asyncio.wait_for(self.end_requested.wait(), timeout=t.stats_interval_s)
-                except TimeoutError:
-                    pass
             await asyncio.sleep(t.end_s)
             await self._final(sid, "Ended", self.end_reason or "ended", t0)
         except asyncio.CancelledError:
