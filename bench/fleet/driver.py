@@ -94,20 +94,34 @@ class SessionWatch:
                 self._apply(rec, kind, obj, at)
 
     def _run(self) -> None:
+        """List once, then watch from the last resourceVersion seen; list again only when the server says
+        that version is gone (410), never after each watch timeout (a list of a thousand objects is what
+        loads an API server)."""
         args = (r.GROUP, r.VERSION, self.namespace, r.SESSION_PLURAL)
+        rv: str | None = None
         while not self.stop.is_set():
             try:
-                listing = self.custom.list_namespaced_custom_object(*args)
-                for obj in listing.get("items", []):
-                    self._event("ADDED", obj)
+                if rv is None:
+                    listing = self.custom.list_namespaced_custom_object(*args)
+                    for obj in listing.get("items", []):
+                        self._event("ADDED", obj)
+                    rv = listing["metadata"]["resourceVersion"]
                 w = kubernetes.watch.Watch()
-                for ev in w.stream(self.custom.list_namespaced_custom_object, *args,
-                                   resource_version=listing["metadata"]["resourceVersion"], timeout_seconds=60):
-                    self._event(ev["type"], ev["object"])
+                for ev in w.stream(self.custom.list_namespaced_custom_object, *args, resource_version=rv,
+                                   timeout_seconds=300, allow_watch_bookmarks=True):
+                    obj = ev["object"]
+                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                    if ev["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                        self._event(ev["type"], obj)
                     if self.stop.is_set():
                         w.stop()
-            except Exception as exc:  # noqa: BLE001 (410 Gone, a dropped connection: list again)
-                log.warning("session watch: %s; listing again", exc)
+            except kubernetes.client.ApiException as exc:
+                if exc.status == 410:
+                    rv = None
+                log.warning("session watch: %s %s; watching again", exc.status, exc.reason)
+                self.stop.wait(0.5)
+            except Exception as exc:  # noqa: BLE001 (a dropped connection: watch again from rv)
+                log.warning("session watch: %s; watching again", exc)
                 self.stop.wait(0.5)
 
 

@@ -120,7 +120,13 @@ def pool_manifest(name: str, cfg: FleetBenchConfig) -> dict[str, Any]:
                  "tensorParallel": 4 if (cfg.gpus_per_worker - 1) % 4 == 0 else 1,
                  "minIdle": cfg.workers_per_pool, "maxWorkers": cfg.workers_per_pool,
                  "nodeSelector": {"vivant.dev/node-pool": "h200"},
-                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+                 # the GPU taint, as a real pool; and no eviction when a kwok node misses its lease on a
+                 # loaded machine (the benchmark measures the control plane, not simulated node failures)
+                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                                 {"key": "node.kubernetes.io/unreachable", "operator": "Exists",
+                                  "effect": "NoExecute"},
+                                 {"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                                  "effect": "NoExecute"}]},
     }
 
 

@@ -328,23 +328,32 @@ def _watch_pods(kubeconfig: str, namespace: str, loop: asyncio.AbstractEventLoop
     import kubernetes
 
     api = kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config(config_file=kubeconfig))
+    rv: str | None = None
     while not stop.is_set():
         try:
-            listing = api.list_namespaced_pod(namespace, label_selector=WORKER_SELECTOR, _preload_content=False)
-            body = json.loads(listing.data)
-            for pod in body.get("items", []):
-                loop.call_soon_threadsafe(fleet.pod_event, "ADDED", pod)
-            rv = body["metadata"]["resourceVersion"]
+            if rv is None:  # list only at the start and after 410 Gone, not after every watch timeout
+                listing = api.list_namespaced_pod(namespace, label_selector=WORKER_SELECTOR, _preload_content=False)
+                body = json.loads(listing.data)
+                for pod in body.get("items", []):
+                    loop.call_soon_threadsafe(fleet.pod_event, "ADDED", pod)
+                rv = body["metadata"]["resourceVersion"]
             w = kubernetes.watch.Watch()
             for ev in w.stream(api.list_namespaced_pod, namespace, label_selector=WORKER_SELECTOR,
-                               resource_version=rv, timeout_seconds=60, _preload_content=False):
+                               resource_version=rv, timeout_seconds=300, allow_watch_bookmarks=True):
                 if stop.is_set():
                     w.stop()
                     break
                 obj = ev["raw_object"]
-                loop.call_soon_threadsafe(fleet.pod_event, ev["type"], obj)
-        except Exception as exc:  # noqa: BLE001 (expired resourceVersion, apiserver restart: list again)
-            log.warning("pod watch: %s; listing again", exc)
+                rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                if ev["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                    loop.call_soon_threadsafe(fleet.pod_event, ev["type"], obj)
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 410:
+                rv = None
+            log.warning("pod watch: %s %s; watching again", exc.status, exc.reason)
+            stop.wait(1.0)
+        except Exception as exc:  # noqa: BLE001 (a dropped connection: watch again from rv)
+            log.warning("pod watch: %s; watching again", exc)
             stop.wait(1.0)
 
 
