@@ -175,3 +175,15 @@ def read_secret_token(namespace: str, name: str, key: str = "token") -> str | No
     if secret.string_data and key in secret.string_data:  # only seen before the API server folds it into data
         return secret.string_data[key]
     return None
+
+
+def patch_session_status(namespace: str, name: str, status: dict[str, Any]) -> bool:
+    """Merge `status` into a CharacterSession's status subresource. False if the session is gone."""
+    try:
+        kubernetes.client.CustomObjectsApi().patch_namespaced_custom_object_status(
+            r.GROUP, r.VERSION, namespace, r.SESSION_PLURAL, name, {"status": status})
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True

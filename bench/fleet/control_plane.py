@@ -55,7 +55,7 @@ def install_chart(cluster: LocalCluster, api_namespace: str, peering: bool) -> l
     """`helm install` with no operator or API pods; returns the rendered manifests (for the operator's
     container). With `peering`, kopf's peering CRDs are applied first and the chart's peering is on."""
     if peering:
-        cluster.kubectl("apply", "-f", str(PEERING_CRDS))
+        apply_peering(cluster)
     sets = ["operator.replicas=0", "api.replicas=0", f"api.namespace={api_namespace}",
             f"operator.peering.enabled={'true' if peering else 'false'}"]
     args = ["install", RELEASE, str(CHART), "-n", RELEASE_NS]
@@ -189,10 +189,11 @@ def _spawn(name: str, cmd: list[str], env: dict[str, str], log_dir: Path) -> Hos
 
 
 def start_operator(cluster: LocalCluster, manifests: list[dict[str, Any]], kubeconfig: Path, log_dir: Path,
-                   name: str = "operator") -> tuple[HostProcess, int]:
+                   name: str = "operator", extra_env: dict[str, str] | None = None) -> tuple[HostProcess, int]:
     """The chart's operator container as a host process; returns it and its metrics port."""
     c = _container(manifests, "Deployment", "-operator")
-    env = {**os.environ, **_resolve_env(cluster, RELEASE_NS, c.get("env") or []), "KUBECONFIG": str(kubeconfig)}
+    env = {**os.environ, **_resolve_env(cluster, RELEASE_NS, c.get("env") or []), "KUBECONFIG": str(kubeconfig),
+           "HOSTNAME": name, **(extra_env or {})}
     port = free_port()
     env["VIVANT_OPERATOR_METRICS_PORT"] = str(port)
     args = [a if not a.startswith("--liveness=") else f"--liveness=http://127.0.0.1:{free_port()}/healthz"
@@ -220,6 +221,57 @@ def start_sim_workers(cluster: LocalCluster, namespace: str, status_file: Path, 
            "--namespace", namespace, "--redis-url", cluster.state.redis_url, "--status-file", str(status_file),
            "--heartbeat-ttl-s", str(heartbeat_ttl_s), "--warmup-s", str(warmup_s)]
     return _spawn("sim-workers", cmd, dict(os.environ), log_dir)
+
+
+@dataclass
+class OperatorSet:
+    """The operator replicas of a run (one, or several with kopf peering). Readings of a replica are kept
+    when it dies, so a phase's totals include what a killed replica did before it went."""
+
+    procs: list[HostProcess]
+    ports: list[int]
+    cpu: dict[str, float] = field(default_factory=dict)
+    hwm: dict[str, int] = field(default_factory=dict)
+    redis: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def read(self) -> None:
+        for p, port in zip(self.procs, self.ports, strict=True):
+            if not p.alive():
+                continue
+            try:
+                self.cpu[p.name] = p.cpu_seconds()
+                self.hwm[p.name] = p.peak_rss_bytes()
+                self.redis[p.name] = {k.split("command=", 1)[1].rstrip("}"): v for k, v in operator_metrics(port).items()
+                                      if k.startswith("vivant_bench_operator_redis_commands_total")}
+            except (OSError, psutil.Error):
+                pass  # it died between the check and the reading: its last reading stands
+
+    def cpu_seconds(self) -> float:
+        return sum(self.cpu.values())
+
+    def peak_rss_bytes(self) -> int:
+        return max(self.hwm.values(), default=0)
+
+    def redis_commands(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for counts in self.redis.values():
+            for k, v in counts.items():
+                out[k] = out.get(k, 0.0) + v
+        return out
+
+    def log_lines(self) -> int:
+        return sum(p.log_lines() for p in self.procs)
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.stop()
+
+
+def apply_peering(cluster: LocalCluster) -> None:
+    """kopf's peering CRDs and the cluster-wide peering object the replicas meet in ("default")."""
+    cluster.kubectl("apply", "-f", str(PEERING_CRDS))
+    cluster.kubectl("wait", "--for=condition=established", "--timeout=60s", "crd/clusterkopfpeerings.kopf.dev")
+    cluster.kubectl_apply({"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "default"}})
 
 
 def operator_metrics(port: int) -> dict[str, float]:

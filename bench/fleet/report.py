@@ -104,4 +104,27 @@ def table(res: dict[str, Any]) -> str:
     rows.append(f"operator peak RSS {res['operator']['peak_rss_mib']} MiB; double assignments "
                 f"{ok['double_assignments']}; leaked leases {ok['leaked_leases']}; sessions failed "
                 f"{ok['sessions_failed']}; assignments dropped by a busy worker {ok['assignments_dropped_busy_worker']}")
+    if "failover" in res:
+        f = res["failover"]
+        rows.append(f"failover: {f['created_after_kill']} sessions created after the active operator was killed, "
+                    f"apply -> Assigned max {_d(f['after_kill_apply_to_assigned_s'], 'max')} s; failed "
+                    f"{f['failed']}, never streamed {f['never_streamed']}")
     return "\n".join(rows)
+
+
+def failover(records: list[SessionRecord], killed_at: float) -> dict[str, Any]:
+    """What the sessions saw of the active operator's death at `killed_at` (wall clock): those created
+    after it wait for the standby to take over; none may fail, none may be assigned twice."""
+    after = [x for x in records if x.sent_at >= killed_at]
+    around = [x for x in records if x.sent_at < killed_at and (x.after("Streaming") is None
+                                                               or x.phases["Streaming"] >= killed_at)]
+    return {
+        "killed_at": killed_at,
+        "created_after_kill": len(after),
+        "after_kill_apply_to_assigned_s": dist([v for x in after if (v := _assigned(x)) is not None]),
+        "after_kill_apply_to_streaming_s": dist([v for x in after if (v := x.after("Streaming")) is not None]),
+        "in_flight_at_kill": len(around),
+        "in_flight_streamed": sum(1 for x in around if "Streaming" in x.phases),
+        "failed": sum(1 for x in after + around if "Failed" in x.phases),
+        "never_streamed": sum(1 for x in after if "Streaming" not in x.phases),
+    }

@@ -74,6 +74,8 @@ class FleetBenchConfig:
     heartbeat_ttl_s: float = 10.0
     converge_timeout_s: float = 600.0
     delete_timeout_s: float = 300.0
+    operators: int = 1  # operator replicas; more than one run with kopf peering
+    kill_active_at_s: float | None = None  # SIGKILL the active replica this far into the hold (failover)
     label: str = "run"
 
     def __post_init__(self) -> None:
@@ -89,6 +91,10 @@ class FleetBenchConfig:
             ("churn", 0 <= self.churn <= 1, "0..1 (share per minute)"),
             ("churn_tick_s", self.churn_tick_s > 0, "> 0"),
             ("api_share", 0 <= self.api_share <= 1, "0..1"),
+            ("operators", 1 <= self.operators <= 5, "1..5 (the chart's operator.replicas bound)"),
+            ("kill_active_at_s", self.kill_active_at_s is None or (self.operators > 1 and 0 <= self.kill_active_at_s
+                                                                   <= self.hold_s),
+             "a time within the hold, and operators >= 2 (someone must take over)"),
             ("label", bool(self.label) and all(c.isalnum() or c in "-_." for c in self.label),
              "letters, digits, - _ ."),
         ]
@@ -147,6 +153,7 @@ class Bench:
         self.cfg, self.state_dir, self.log = cfg, state_dir, log
         self.procs: list[cp.HostProcess] = []
         self.samples: dict[str, Sample] = {}
+        self.killed_at: float | None = None
         self.load = LoadSampler()
 
     # -- setup -------------------------------------------------------------------------------------
@@ -167,19 +174,23 @@ class Bench:
         self.redis = redis.Redis.from_url(self.cluster.state.redis_url)
         self.logs = self.state_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.manifests = cp.install_chart(self.cluster, NAMESPACE, peering=False)
+        self.manifests = cp.install_chart(self.cluster, NAMESPACE, peering=cfg.operators > 1)
         cp.apply_flow_schema(self.cluster)
         op_kc = cp.service_account_kubeconfig(self.cluster, cp.RELEASE_NS, cp.OPERATOR_SA, self.logs / "operator.kubeconfig")
         api_kc = cp.service_account_kubeconfig(self.cluster, cp.RELEASE_NS, cp.API_SA, self.logs / "api.kubeconfig")
         self.fleet_status = self.logs / "sim-workers.json"
         self.fleet = cp.start_sim_workers(self.cluster, NAMESPACE, self.fleet_status, self.logs, cfg.heartbeat_ttl_s,
                                           cfg.warmup_s)
-        self.operator, self.operator_port = cp.start_operator(self.cluster, self.manifests, op_kc, self.logs)
+        # replica i has priority 1000 - i: the first is the active one, the others wait (kopf peering)
+        started = [cp.start_operator(self.cluster, self.manifests, op_kc, self.logs, name=f"operator-{i}",
+                                     extra_env={"VIVANT_OPERATOR_PRIORITY": str(1000 - i)})
+                   for i in range(cfg.operators)]
+        self.operators = cp.OperatorSet(procs=[p for p, _ in started], ports=[port for _, port in started])
         pools = [f"pool-{i}" for i in range(cfg.pools)]
         self.gateway, gw_url = cp.start_gateway(self.cluster, api_kc, NAMESPACE,
                                                 {f"ada-{p}": {"character": "ada", "pool": p} for p in pools},
                                                 DEV_API_KEY, self.logs)
-        self.procs = [self.fleet, self.operator, self.gateway]
+        self.procs = [self.fleet, *self.operators.procs, self.gateway]
         admin = kubernetes.config.new_client_from_config(config_file=str(self.cluster.kubeconfig))
         admin.configuration.connection_pool_maxsize = 32
         self.driver = Driver(admin, NAMESPACE, pools, gw_url, DEV_API_KEY,
@@ -208,21 +219,15 @@ class Bench:
     # -- readings ----------------------------------------------------------------------------------
     def sample(self, name: str) -> Sample:
         api = cp.apiserver_sample(self.cluster)
-        try:
-            op = cp.operator_metrics(self.operator_port)
-        except OSError:
-            op = {}
         fleet = read_fleet_status(self.fleet_status)
-        alive = self.operator.alive()
+        ops = self.operators
+        ops.read()
         s = Sample(
-            at=time.time(), operator_cpu_s=self.operator.cpu_seconds() if alive else float("nan"),
-            operator_rss_bytes=self.operator.rss_bytes() if alive else 0,
+            at=time.time(), operator_cpu_s=ops.cpu_seconds(), operator_rss_bytes=ops.peak_rss_bytes(),
             operator_requests=api.operator_requests, apiserver_requests=api.all_requests,
-            redis_calls=redis_commandstats(self.redis),
-            operator_redis={k.split("command=", 1)[1].rstrip("}"): v for k, v in op.items()
-                            if k.startswith("vivant_bench_operator_redis_commands_total")},
+            redis_calls=redis_commandstats(self.redis), operator_redis=ops.redis_commands(),
             fleet_redis=fleet.get("redis_commands", {}), fleet_calls=fleet.get("registry_calls", {}),
-            operator_log_lines=self.operator.log_lines(),
+            operator_log_lines=ops.log_lines(),
             fleet={k: fleet.get(k) for k in ("workers", "states", "active_sessions", "counters")},
         )
         self.samples[name] = s
@@ -251,10 +256,19 @@ class Bench:
         per_tick = cfg.churn * cfg.sessions * cfg.churn_tick_s / 60
         self.log(f"hold: {cfg.hold_s:.0f}s, churn {cfg.churn:.0%}/min ({per_tick:.1f} sessions every "
                  f"{cfg.churn_tick_s:.0f}s)")
-        t_end = time.monotonic() + cfg.hold_s
+        t0 = time.monotonic()
+        t_end = t0 + cfg.hold_s
         owed = 0.0
         while time.monotonic() < t_end:
             tick = time.monotonic()
+            if cfg.kill_active_at_s is not None and self.killed_at is None and tick - t0 >= cfg.kill_active_at_s:
+                active = self.operators.procs[0]
+                self.operators.read()  # its last readings count
+                active.popen.send_signal(signal.SIGKILL)
+                active.popen.wait(10)
+                self.killed_at = time.time()
+                self.log(f"  killed the active operator ({active.name}, pid {active.pid}) "
+                         f"{tick - t0:.0f}s into the hold")
             owed += per_tick
             k = int(owed)
             owed -= k
@@ -294,12 +308,12 @@ class Bench:
             self.cluster.down()
 
 
-def log_levels(path: Path) -> dict[str, int]:
-    """Lines of a kopf log by level ([INFO ], [ERROR ], ...)."""
+def log_levels(paths: list[Path]) -> dict[str, int]:
+    """Lines of kopf logs by level ([INFO ], [ERROR ], ...)."""
     out: dict[str, int] = {}
-    with path.open(errors="replace") as f:
-        for line in f:
-            if "[" in line and "]" in line:
+    for path in paths:
+        with path.open(errors="replace") as f:
+            for line in f:
                 for level in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
                     if f"[{level}" in line:
                         out[level] = out.get(level, 0) + 1
@@ -335,9 +349,10 @@ def run_bench(cfg: FleetBenchConfig, state_dir: Path, keep: bool = False, log=pr
         time.sleep(3.0)
         s3 = bench.sample("delete_end")
         leaks = bench.leaks()
-        peak_rss = bench.operator.peak_rss_bytes()
-        for p in (bench.operator, bench.gateway):
-            p.stop()
+        bench.operators.read()
+        peak_rss = bench.operators.peak_rss_bytes()
+        bench.operators.stop()
+        bench.gateway.stop()
         bench.fleet.stop(signal.SIGTERM)
         fleet = read_fleet_status(bench.fleet_status)
         ver = versions(bench.cluster, bench.redis)
@@ -363,9 +378,12 @@ def run_bench(cfg: FleetBenchConfig, state_dir: Path, keep: bool = False, log=pr
                       "workers_warm_s": round(bench.warm_s, 1)},
             "operator": {"mode": "vivant operator (the chart's container args and env) as a host process, "
                                  "under the chart's operator ServiceAccount token",
+                         "replicas": cfg.operators,
                          "peak_rss_mib": round(peak_rss / 2**20, 1),
-                         "log_lines_by_level": log_levels(bench.operator.log_path)},
+                         "log_lines_by_level": log_levels([p.log_path for p in bench.operators.procs])},
         })
+        if bench.killed_at is not None:
+            result["failover"] = report.failover(list(bench.driver.records.values()), bench.killed_at)
         return result
     finally:
         bench.teardown(keep)
@@ -383,6 +401,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--churn", type=float, default=d.churn, help="share ended and replaced per minute (0.1)")
     p.add_argument("--api-share", type=float, default=d.api_share, help="share created through the session API")
     p.add_argument("--warmup-s", type=float, default=d.warmup_s, help="simulated model load per worker")
+    p.add_argument("--operators", type=int, default=d.operators, help="operator replicas (>1: kopf peering)")
+    p.add_argument("--kill-active-at-s", type=float, default=None,
+                   help="SIGKILL the active operator replica this many seconds into the hold")
     p.add_argument("--label", default="run", help="names the result file, e.g. before / after")
     p.add_argument("--state-dir", type=Path, default=None, help="cluster state (default: a temporary folder)")
     p.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/fleet_<label>_<n>.json)")
@@ -396,7 +417,8 @@ def run(args: argparse.Namespace) -> int:
         cfg = FleetBenchConfig(sessions=args.sessions, pools=args.pools, headroom=args.headroom,
                                gpus_per_node=args.gpus_per_node, burst=args.burst, burst_gap_s=args.burst_gap_s,
                                hold_s=args.hold_s, churn=args.churn, api_share=args.api_share,
-                               warmup_s=args.warmup_s, label=args.label)
+                               warmup_s=args.warmup_s, operators=args.operators,
+                               kill_active_at_s=args.kill_active_at_s, label=args.label)
     except ValueError as exc:
         print(f"vivant bench fleet: {exc}")
         return 2

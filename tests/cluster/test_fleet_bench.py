@@ -1,9 +1,10 @@
 """`vivant bench fleet` end to end at a small size: its own local cluster (no pod runner), the chart's
-operator and session API as host processes, simulated workers, 50 sessions burst, churned and deleted.
+operator (two replicas with kopf peering) and session API as host processes, simulated workers, 50
+sessions burst, churned and deleted, and the active operator killed mid-churn.
 
 Checks the benchmark measures what it says (every session timed, the operator's CPU, API requests and
-Redis commands counted) and that the control plane kept its invariants: no session on two workers, no
-lease left in Redis, no session lost. Speed is not asserted here (figures live in bench/results/).
+Redis commands counted) and that the control plane kept its invariants through the failover: no
+session on two workers, no lease left in Redis, no session lost. Speed is not asserted here (figures live in bench/results/).
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from vivant.bench.fleet import report
 from vivant.bench.fleet.run import FleetBenchConfig, run_bench
 
 
-def test_fleet_bench_small_run_keeps_the_invariants(tmp_path) -> None:
-    cfg = FleetBenchConfig(sessions=50, pools=2, burst=25, burst_gap_s=0.5, hold_s=12, churn=0.5, churn_tick_s=3,
-                           api_share=0.1, warmup_s=0.2, converge_timeout_s=120, delete_timeout_s=120, label="smoke")
+def test_fleet_bench_small_run_with_a_failover_keeps_the_invariants(tmp_path) -> None:
+    cfg = FleetBenchConfig(sessions=50, pools=2, burst=25, burst_gap_s=0.5, hold_s=24, churn=0.5, churn_tick_s=3,
+                           api_share=0.1, warmup_s=0.2, converge_timeout_s=120, delete_timeout_s=120,
+                           operators=2, kill_active_at_s=3, label="smoke")
     res = run_bench(cfg, tmp_path, log=lambda m: print(m, file=sys.stderr, flush=True))
     json.dumps(res)  # the result is plain JSON
 
@@ -25,7 +27,7 @@ def test_fleet_bench_small_run_keeps_the_invariants(tmp_path) -> None:
     assert lat["burst"]["sessions"] == 50
     assert lat["burst"]["apply_to_streaming_s"]["n"] == 50 and lat["burst"]["never_streamed"] == 0
     assert lat["burst"]["by_path"]["api"]["n"] == 5  # every tenth through the session API
-    assert lat["churn"]["sessions"] >= 4 and lat["churn"]["never_streamed"] == 0
+    assert lat["churn"]["sessions"] >= 8 and lat["churn"]["never_streamed"] == 0
     assert lat["delete_to_gone_s"]["n"] == 50 + lat["churn"]["sessions"] and lat["not_gone"] == 0
     assert lat["burst"]["worker_streaming_to_visible_s"]["n"] == 50
 
@@ -38,4 +40,10 @@ def test_fleet_bench_small_run_keeps_the_invariants(tmp_path) -> None:
     assert hold["operator_api_requests_per_s"] > 0  # counted by the API server's FlowSchema
     assert hold["redis_commands_per_s_operator"] > 0 and hold["redis_commands_per_s_sim_workers"] > 0
     assert res["machine"]["load_during_run"] is not None
+
+    # two replicas with kopf peering; the active one was SIGKILLed 3 s into the hold: the standby took
+    # over, and no session was lost or assigned twice
+    fo = res["failover"]
+    assert fo["created_after_kill"] >= 4 and fo["never_streamed"] == 0 and fo["failed"] == 0, fo
+    assert fo["after_kill_apply_to_assigned_s"]["n"] == fo["created_after_kill"]
     assert "apply -> Streaming" in report.table(res)
