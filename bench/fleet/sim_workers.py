@@ -235,8 +235,13 @@ class SimWorker:
             f.counters["wrong_pool"] += 1
             await f.call("ack", lambda: reg.ack(self.worker_id, msg))
             return
+        if self.current == msg.session_id:
+            # the same session again (an operator that took over re-sent it): the real loop drops it, harmless
+            f.counters["duplicate_assignments"] += 1
+            await f.call("ack", lambda: reg.ack(self.worker_id, msg))
+            return
         if self.current is not None:
-            # the real chunk loop pops it, logs "busy with session X; dropped" and acks it
+            # the real chunk loop pops it, logs "busy with session X; dropped" and acks it: that session is lost
             f.counters["assignments_while_busy"] += 1
             f.double.append({"worker": self.worker_id, "busy_with": self.current, "assigned": msg.session_id,
                              "at": time.time(), "kind": "assigned-while-busy"})
