@@ -23,12 +23,18 @@ FIELD_MANAGER = "vivant-operator"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 
 
-def load_config() -> None:
-    """In-cluster service account if present, else $KUBECONFIG / ~/.kube/config."""
+def load_config(pool_size: int | None = None) -> None:
+    """In-cluster service account if present, else $KUBECONFIG / ~/.kube/config. `pool_size`: connections
+    kept open to the API server (the client's default, 5 per core, makes threads beyond it open and drop a
+    TLS connection per request)."""
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
+    if pool_size is not None:
+        cfg = kubernetes.client.Configuration.get_default_copy()
+        cfg.connection_pool_maxsize = pool_size
+        kubernetes.client.Configuration.set_default(cfg)
 
 
 def api_message(exc: ApiException) -> str:

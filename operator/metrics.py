@@ -20,7 +20,7 @@ Series (all prefixed `vivant_operator_`):
 | flag_rollbacks_total | counter | pool, flag, reason | feature-flag rollbacks (a flag turned off after being on) |
 | build_info | gauge (=1) | version | present while the operator runs (absent-metric alerts key on it) |
 | reconcile_duration_seconds | histogram | handler | one run of a handler: `assign` (one session), `session_sweep` (all sessions of one pool), `release` (a delete, until the worker gave the lease back) |
-| queue_depth | gauge | queue, pool | work waiting in the control plane: `waiting_for_worker` (sessions Pending with no worker), `awaiting_end` (deleted sessions whose worker has not stopped yet) |
+| queue_depth | gauge | queue, pool | work waiting in the control plane: `waiting_for_worker` (sessions Pending with no worker), `awaiting_end` (deleted sessions whose worker has not stopped yet), `status_writes` (sessions with a status patch not yet written; pool `all`) |
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ WORKER_STATES = ("idle", "busy", "starting", "draining")
 ASSIGNMENT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 RECONCILE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 HANDLERS = ("assign", "session_sweep", "release")
-QUEUES = ("waiting_for_worker", "awaiting_end")
+QUEUES = ("waiting_for_worker", "awaiting_end", "status_writes")
 
 
 class OperatorMetrics:

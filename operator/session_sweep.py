@@ -10,7 +10,7 @@ handlers (docs/ARCHITECTURE.md, "The control plane at fleet scale"). A sweep ins
 - runs the same level-triggered decision per session (`reconcile.progress_session`);
 - writes only what changed: a phase, worker or message change at once; the mirrored stats (avgFps,
   stalls, chunkP99Ms) at most every STATS_REFRESH_S per session (the worker's metrics are the live view);
-  the writes of one sweep go out in parallel (`SweepState.writer`);
+  the writes are queued (`status_writer.StatusWriter`): the sweep never waits for the API server;
 - assigns waiting (Pending) sessions, oldest first, while the pool has idle workers (a waiting session
   costs nothing per second, and a freed worker goes to the longest waiter);
 - frees the lease of a session the operator ended (connect timeout, max duration) whose worker has not
@@ -25,7 +25,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -39,7 +38,6 @@ log = logging.getLogger(__name__)
 SWEEP_S = 1.0  # how often each pool's sessions are reconciled
 STATS_REFRESH_S = 30.0  # the longest a session's mirrored stats may lag (phase changes are written at once)
 END_GRACE_S = 15.0  # how long a worker has to give a lease back after an end request before it is freed
-STATUS_WRITERS = 8  # parallel status writes of one sweep
 _LIVE = frozenset({r.SessionPhase.ASSIGNED.value, r.SessionPhase.CONNECTING.value, r.SessionPhase.STREAMING.value})
 _TERMINAL = frozenset(p.value for p in r.TERMINAL_PHASES)
 _STATS_FIELDS = frozenset({"avgFps", "stalls", "chunkP99Ms"})
@@ -86,8 +84,6 @@ class SweepState:
     written: dict[str, dict[str, Any]] = field(default_factory=dict)  # uid -> status fields written last
     stats_written_at: dict[str, float] = field(default_factory=dict)  # uid -> monotonic time
     releasing: set[str] = field(default_factory=set)  # uids being deleted: never assign them
-    writer: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
-        max_workers=STATUS_WRITERS, thread_name_prefix="status-writer"))
     _locks: dict[str, threading.Lock] = field(default_factory=dict)
     _guard: threading.Lock = field(default_factory=threading.Lock)
 
@@ -146,8 +142,9 @@ def sweep_pool(
 ) -> SweepResult:
     """Reconcile one pool's sessions (`views`: every CharacterSession of the pool in the index).
 
-    `write_status(view, patch)` merges a status patch into the object; `assign(view, status)` tries to
-    assign a waiting session and returns False when no worker was free (the sweep stops trying then)."""
+    `write_status(view, patch)` queues a status patch for the object (it must not wait for the API server);
+    `assign(view, status)` tries to assign a waiting session and returns False when no worker was free
+    (the sweep stops trying then)."""
     now = now or datetime.now(tz=UTC)
     res = SweepResult()
     live: list[tuple[SessionView, dict[str, Any]]] = []
@@ -187,7 +184,7 @@ def sweep_pool(
         state.remember(v.uid, patch)
         if patch.get("phase") != before.get("phase"):
             log.info("session %s/%s: %s: %s", v.namespace, v.name, patch.get("phase"), patch.get("message"))
-    list(state.writer.map(lambda w: write_status(w[0], w[1]), writes))
+        write_status(v, patch)
     res.written = len(writes)
     exhausted = False  # once a claim found no idle worker, only sessions past their pending timeout are tried
     for v, st in sorted(waiting, key=lambda x: x[0].created):

@@ -96,19 +96,28 @@ class ApiserverSample:
     at: float
     operator_requests: float  # dispatched through the operator's FlowSchema, all verbs
     all_requests: float  # apiserver_request_total, every client
-    operator_by_verb: dict[str, float] = field(default_factory=dict)
+    operator_rejected: float = 0.0  # refused by API Priority and Fairness (429) in the operator's FlowSchema
+    operator_wait_s: float = 0.0  # seconds the operator's requests queued in APF before running (sum)
 
 
 def apiserver_sample(cluster: LocalCluster) -> ApiserverSample:
     text = cluster.kubectl("get", "--raw", "/metrics", timeout=60).stdout
-    op = total = 0.0
+    op = total = rejected = wait = 0.0
+
+    def ours(s) -> bool:  # noqa: ANN001
+        return s.labels.get("flow_schema") == FLOW_SCHEMA
+
     for fam in text_string_to_metric_families(text):
         if fam.name == "apiserver_flowcontrol_dispatched_requests":
-            op += sum(s.value for s in fam.samples if s.name.endswith("_total")
-                      and s.labels.get("flow_schema") == FLOW_SCHEMA)
+            op += sum(s.value for s in fam.samples if s.name.endswith("_total") and ours(s))
+        elif fam.name == "apiserver_flowcontrol_rejected_requests":
+            rejected += sum(s.value for s in fam.samples if s.name.endswith("_total") and ours(s))
+        elif fam.name == "apiserver_flowcontrol_request_wait_duration_seconds":
+            wait += sum(s.value for s in fam.samples if s.name.endswith("_sum") and ours(s))
         elif fam.name == "apiserver_request":
             total += sum(s.value for s in fam.samples if s.name.endswith("_total"))
-    return ApiserverSample(at=time.time(), operator_requests=op, all_requests=total)
+    return ApiserverSample(at=time.time(), operator_requests=op, all_requests=total, operator_rejected=rejected,
+                           operator_wait_s=wait)
 
 
 # ------------------------------------------------------------------------------------------ processes
@@ -207,11 +216,29 @@ def start_gateway(cluster: LocalCluster, kubeconfig: Path, namespace: str, avata
     """`vivant api` (the session API) serving `namespace` under the chart's API ServiceAccount."""
     avatars_file = log_dir / "avatars.yaml"
     avatars_file.write_text(yaml.safe_dump({"avatars": avatars, "defaultMaxDurationS": 86_400}))
-    port = free_port()
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "VIVANT_API_KEYS": api_key}
-    cmd = [sys.executable, "-m", "vivant.cli", "api", "--host", "127.0.0.1", "--port", str(port),
-           "--namespace", namespace, "--avatars", str(avatars_file)]
-    return _spawn("gateway", cmd, env, log_dir), f"http://127.0.0.1:{port}"
+    for _attempt in range(3):  # a free port may be taken by another process before the server binds it
+        port = free_port()
+        cmd = [sys.executable, "-m", "vivant.cli", "api", "--host", "127.0.0.1", "--port", str(port),
+               "--namespace", namespace, "--avatars", str(avatars_file)]
+        proc, url = _spawn("gateway", cmd, env, log_dir), f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while proc.alive() and time.monotonic() < deadline:
+            if _healthy(url):
+                return proc, url
+            time.sleep(0.5)
+        proc.stop()
+    raise RuntimeError(f"the session API did not start; see {log_dir / 'gateway.log'}")
+
+
+def _healthy(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
 
 
 def start_sim_workers(cluster: LocalCluster, namespace: str, status_file: Path, log_dir: Path,
@@ -233,6 +260,7 @@ class OperatorSet:
     cpu: dict[str, float] = field(default_factory=dict)
     hwm: dict[str, int] = field(default_factory=dict)
     redis: dict[str, dict[str, float]] = field(default_factory=dict)
+    handlers: dict[str, dict[str, float]] = field(default_factory=dict)  # replica -> handler_{sum,count}
 
     def read(self) -> None:
         for p, port in zip(self.procs, self.ports, strict=True):
@@ -241,8 +269,14 @@ class OperatorSet:
             try:
                 self.cpu[p.name] = p.cpu_seconds()
                 self.hwm[p.name] = p.peak_rss_bytes()
-                self.redis[p.name] = {k.split("command=", 1)[1].rstrip("}"): v for k, v in operator_metrics(port).items()
+                metrics = operator_metrics(port)
+                self.redis[p.name] = {k.split("command=", 1)[1].rstrip("}"): v for k, v in metrics.items()
                                       if k.startswith("vivant_bench_operator_redis_commands_total")}
+                self.handlers[p.name] = {
+                    f"{k.split('handler=', 1)[1].rstrip('}')}_{k.split('{')[0].rsplit('_', 1)[1]}": v
+                    for k, v in metrics.items()
+                    if k.startswith(("vivant_operator_reconcile_duration_seconds_sum",
+                                     "vivant_operator_reconcile_duration_seconds_count"))}
             except (OSError, psutil.Error):
                 pass  # it died between the check and the reading: its last reading stands
 
@@ -261,6 +295,18 @@ class OperatorSet:
 
     def log_lines(self) -> int:
         return sum(p.log_lines() for p in self.procs)
+
+    def handler_means(self) -> dict[str, dict[str, float]]:
+        """Per handler (the operator's own reconcile_duration histogram, all replicas): runs and mean seconds.
+        Empty for an operator that does not export it."""
+        total: dict[str, float] = {}
+        for h in self.handlers.values():
+            for k, v in h.items():
+                total[k] = total.get(k, 0.0) + v
+        names = {k.rsplit("_", 1)[0] for k in total}
+        return {n: {"runs": int(total.get(f"{n}_count", 0)),
+                    "mean_s": round(total.get(f"{n}_sum", 0) / max(1, total.get(f"{n}_count", 0)), 4)}
+                for n in sorted(names)}
 
     def stop(self) -> None:
         for p in self.procs:

@@ -26,6 +26,8 @@ class Sample:
     operator_cpu_s: float
     operator_rss_bytes: int
     operator_requests: float
+    operator_rejected: float
+    operator_apf_wait_s: float
     apiserver_requests: float
     redis_calls: dict[str, int]
     operator_redis: dict[str, float]
@@ -69,6 +71,9 @@ def phase_rates(a: Sample, b: Sample, sessions: float) -> dict[str, Any]:
         "operator_cpu_cores": round(cpu / secs, 3),
         "operator_cpu_s_per_session_minute": round(cpu / (sessions * secs / 60), 5) if sessions else None,
         "operator_api_requests_per_s": round((b.operator_requests - a.operator_requests) / secs, 2),
+        "operator_api_rejected_429": int(b.operator_rejected - a.operator_rejected),
+        "operator_api_mean_apf_wait_s": round((b.operator_apf_wait_s - a.operator_apf_wait_s)
+                                              / max(1.0, b.operator_requests - a.operator_requests), 4),
         "apiserver_requests_per_s_all_clients": round((b.apiserver_requests - a.apiserver_requests) / secs, 2),
         "redis_commands_per_s_all": round(sum(redis_all.values()) / secs, 1),
         "redis_commands_per_s_operator": round(sum(op_redis.values()) / secs, 1),

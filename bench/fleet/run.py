@@ -76,6 +76,7 @@ class FleetBenchConfig:
     delete_timeout_s: float = 300.0
     operators: int = 1  # operator replicas; more than one run with kopf peering
     kill_active_at_s: float | None = None  # SIGKILL the active replica this far into the hold (failover)
+    peering_lifetime_s: int = 15  # how long a dead replica's peering record holds the others back
     label: str = "run"
 
     def __post_init__(self) -> None:
@@ -92,6 +93,7 @@ class FleetBenchConfig:
             ("churn_tick_s", self.churn_tick_s > 0, "> 0"),
             ("api_share", 0 <= self.api_share <= 1, "0..1"),
             ("operators", 1 <= self.operators <= 5, "1..5 (the chart's operator.replicas bound)"),
+            ("peering_lifetime_s", 5 <= self.peering_lifetime_s <= 600, "5..600 (VIVANT_PEERING_LIFETIME_S)"),
             ("kill_active_at_s", self.kill_active_at_s is None or (self.operators > 1 and 0 <= self.kill_active_at_s
                                                                    <= self.hold_s),
              "a time within the hold, and operators >= 2 (someone must take over)"),
@@ -181,16 +183,19 @@ class Bench:
         self.fleet_status = self.logs / "sim-workers.json"
         self.fleet = cp.start_sim_workers(self.cluster, NAMESPACE, self.fleet_status, self.logs, cfg.heartbeat_ttl_s,
                                           cfg.warmup_s)
+        self.procs.append(self.fleet)
         # replica i has priority 1000 - i: the first is the active one, the others wait (kopf peering)
         started = [cp.start_operator(self.cluster, self.manifests, op_kc, self.logs, name=f"operator-{i}",
-                                     extra_env={"VIVANT_OPERATOR_PRIORITY": str(1000 - i)})
+                                     extra_env={"VIVANT_OPERATOR_PRIORITY": str(1000 - i),
+                                                "VIVANT_PEERING_LIFETIME_S": str(cfg.peering_lifetime_s)})
                    for i in range(cfg.operators)]
         self.operators = cp.OperatorSet(procs=[p for p, _ in started], ports=[port for _, port in started])
+        self.procs.extend(self.operators.procs)
         pools = [f"pool-{i}" for i in range(cfg.pools)]
         self.gateway, gw_url = cp.start_gateway(self.cluster, api_kc, NAMESPACE,
                                                 {f"ada-{p}": {"character": "ada", "pool": p} for p in pools},
                                                 DEV_API_KEY, self.logs)
-        self.procs = [self.fleet, *self.operators.procs, self.gateway]
+        self.procs.append(self.gateway)
         admin = kubernetes.config.new_client_from_config(config_file=str(self.cluster.kubeconfig))
         admin.configuration.connection_pool_maxsize = 32
         self.driver = Driver(admin, NAMESPACE, pools, gw_url, DEV_API_KEY,
@@ -202,19 +207,9 @@ class Bench:
         self.warm_s = _wait(lambda: self._fleet_idle() >= cfg.workers or f"{self._fleet_idle()} warm",
                             "all workers warm", 900, 2.0, self.log)
         self.log(f"  {self._fleet_idle()} simulated workers warm after {self.warm_s:.0f}s")
-        _wait(lambda: self._gateway_ok(gw_url), "the session API", 60, 0.5, self.log)
 
     def _fleet_idle(self) -> int:
         return int(read_fleet_status(self.fleet_status).get("states", {}).get("idle", 0))
-
-    def _gateway_ok(self, url: str) -> bool:
-        import urllib.request
-
-        try:
-            with urllib.request.urlopen(f"{url}/healthz", timeout=2) as resp:
-                return resp.status == 200
-        except OSError:
-            return False
 
     # -- readings ----------------------------------------------------------------------------------
     def sample(self, name: str) -> Sample:
@@ -224,7 +219,8 @@ class Bench:
         ops.read()
         s = Sample(
             at=time.time(), operator_cpu_s=ops.cpu_seconds(), operator_rss_bytes=ops.peak_rss_bytes(),
-            operator_requests=api.operator_requests, apiserver_requests=api.all_requests,
+            operator_requests=api.operator_requests, operator_rejected=api.operator_rejected,
+            operator_apf_wait_s=api.operator_wait_s, apiserver_requests=api.all_requests,
             redis_calls=redis_commandstats(self.redis), operator_redis=ops.redis_commands(),
             fleet_redis=fleet.get("redis_commands", {}), fleet_calls=fleet.get("registry_calls", {}),
             operator_log_lines=ops.log_lines(),
@@ -379,6 +375,7 @@ def run_bench(cfg: FleetBenchConfig, state_dir: Path, keep: bool = False, log=pr
             "operator": {"mode": "vivant operator (the chart's container args and env) as a host process, "
                                  "under the chart's operator ServiceAccount token",
                          "replicas": cfg.operators,
+                         "handlers": bench.operators.handler_means(),
                          "peak_rss_mib": round(peak_rss / 2**20, 1),
                          "log_lines_by_level": log_levels([p.log_path for p in bench.operators.procs])},
         })
@@ -404,6 +401,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--operators", type=int, default=d.operators, help="operator replicas (>1: kopf peering)")
     p.add_argument("--kill-active-at-s", type=float, default=None,
                    help="SIGKILL the active operator replica this many seconds into the hold")
+    p.add_argument("--peering-lifetime-s", type=int, default=d.peering_lifetime_s,
+                   help="kopf peering lifetime of the replicas (how long a dead one holds the others back)")
     p.add_argument("--label", default="run", help="names the result file, e.g. before / after")
     p.add_argument("--state-dir", type=Path, default=None, help="cluster state (default: a temporary folder)")
     p.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/fleet_<label>_<n>.json)")
@@ -418,7 +417,8 @@ def run(args: argparse.Namespace) -> int:
                                gpus_per_node=args.gpus_per_node, burst=args.burst, burst_gap_s=args.burst_gap_s,
                                hold_s=args.hold_s, churn=args.churn, api_share=args.api_share,
                                warmup_s=args.warmup_s, operators=args.operators,
-                               kill_active_at_s=args.kill_active_at_s, label=args.label)
+                               kill_active_at_s=args.kill_active_at_s, peering_lifetime_s=args.peering_lifetime_s,
+                               label=args.label)
     except ValueError as exc:
         print(f"vivant bench fleet: {exc}")
         return 2
