@@ -317,6 +317,17 @@ def log_levels(paths: list[Path]) -> dict[str, int]:
     return out
 
 
+def source_digest(folders: tuple[str, ...]) -> str:
+    """sha256 (12 hex) of the operator's source as this checkout has it: which operator a result measured."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for folder in folders:
+        for path in sorted((cp.REPO / folder).glob("*.py")):
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def versions(cluster: LocalCluster, client: redis.Redis) -> dict[str, Any]:
     import importlib.metadata as md
 
@@ -325,7 +336,8 @@ def versions(cluster: LocalCluster, client: redis.Redis) -> dict[str, Any]:
                             text=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "-C", str(cp.REPO), "status", "--porcelain", "--", "operator", "sessions",
                                  "bench", "apis", "gateway"], capture_output=True, text=True).stdout.strip())
-    return {"kube_apiserver": kv.get("serverVersion", {}).get("gitVersion"),
+    return {"operator_source_sha256": source_digest(("operator", "sessions")),
+            "kube_apiserver": kv.get("serverVersion", {}).get("gitVersion"),
             "redis": client.info("server").get("redis_version"),
             "python": platform.python_version(), "kopf": md.version("kopf"), "kubernetes_client": md.version("kubernetes"),
             "redis_py": md.version("redis"), "git_commit": commit, "git_dirty": dirty}
