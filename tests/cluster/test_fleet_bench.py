@@ -17,9 +17,9 @@ from vivant.bench.fleet.run import FleetBenchConfig, run_bench
 
 
 def test_fleet_bench_small_run_with_a_failover_keeps_the_invariants(tmp_path) -> None:
-    cfg = FleetBenchConfig(sessions=50, pools=2, burst=25, burst_gap_s=0.5, hold_s=24, churn=0.5, churn_tick_s=3,
+    cfg = FleetBenchConfig(sessions=50, pools=2, burst=25, burst_gap_s=0.5, hold_s=15, churn=0.8, churn_tick_s=3,
                            api_share=0.1, warmup_s=0.2, converge_timeout_s=120, delete_timeout_s=120,
-                           operators=2, kill_active_at_s=3, label="smoke")
+                           operators=2, kill_active_at_s=2, peering_lifetime_s=5, label="smoke")
     res = run_bench(cfg, tmp_path, log=lambda m: print(m, file=sys.stderr, flush=True))
     json.dumps(res)  # the result is plain JSON
 
@@ -41,7 +41,7 @@ def test_fleet_bench_small_run_with_a_failover_keeps_the_invariants(tmp_path) ->
     assert hold["redis_commands_per_s_operator"] > 0 and hold["redis_commands_per_s_sim_workers"] > 0
     assert res["machine"]["load_during_run"] is not None
 
-    # two replicas with kopf peering; the active one was SIGKILLed 3 s into the hold: the standby took
+    # two replicas with kopf peering; the active one was SIGKILLed 2 s into the hold: the standby took
     # over, and no session was lost or assigned twice
     fo = res["failover"]
     assert fo["created_after_kill"] >= 4 and fo["never_streamed"] == 0 and fo["failed"] == 0, fo
