@@ -10,8 +10,9 @@ its outcome (status patch, Events, the token Secret, StatefulSet size). Errors b
 - Redis unreachable (`RegistryUnavailable`) or other Kubernetes API errors -> `kopf.TemporaryError`
   with exponential backoff (1 s, 2 s, 4 s ... 30 s) in event handlers; the timers try again next tick.
 Nothing runs per session per second (docs/ARCHITECTURE.md, "The control plane at fleet scale"): a
-session is assigned on its create/resume event; one that finds no idle worker says why in its status
-and its pool's sweep (`session_sweep.py`, one kopf timer per pool) assigns it once a worker is idle;
+session is assigned on its create/resume event; one that finds no idle worker says why in its status,
+its pool's sweep (`session_sweep.py`, one kopf timer per pool) assigns it once a worker is idle, and
+while it waits it re-checks on its own every WAITING_CHECK_S (why it waits, the pending timeout);
 the same sweep mirrors, times out and ends all the pool's sessions, and their status is written through
 a queue (`status_writer.py`). Deleting a session asks the worker to stop and keeps the finalizer until
 the worker has given the lease back. The pool timer scales the StatefulSet and rolls its idle outdated
@@ -49,6 +50,7 @@ POOLS = (r.GROUP, r.VERSION, r.POOL_PLURAL)
 POOL_TICK_S = 2.0
 HANDLER_THREADS = 16  # kopf's pool for sync handlers (its default is min(32, cores + 4): 6 on 2 cores)
 STATUS_WRITERS = 8  # threads writing session status (status_writer.py)
+WAITING_CHECK_S = 5.0  # how often a session waiting for a worker re-checks on its own (session_waiting)
 END_ACK_WAIT_S = 3.0  # how long one delete-handler run waits for the worker's end before kopf retries it
 log = logging.getLogger(__name__)
 
@@ -170,6 +172,32 @@ def session_assign(body, spec, meta, status, namespace, name, uid, patch, memo, 
     except (RegistryUnavailable, kube.ApiException) as exc:
         raise _retry(r.SESSION_KIND, memo, retry, exc) from None
     if out is not None:  # waiting for a worker: the pool's sweep assigns it when one is idle
+        if out.status:
+            memo.writer.put(namespace, name, uid, out.status)
+        for type_, reason, message in out.events:
+            kopf.event(body, type=type_, reason=reason, message=message)
+
+
+def _waiting(status: Any, meta: Any, **_: Any) -> bool:
+    return (status.get("phase") in (None, r.SessionPhase.PENDING.value) and not status.get("worker")
+            and not meta.get("deletionTimestamp"))
+
+
+@kopf.timer(*SESSIONS, interval=WAITING_CHECK_S, initial_delay=WAITING_CHECK_S, when=_waiting)
+def session_waiting(body, namespace, name, uid, memo, **_: Any) -> None:
+    """A session still waiting for a worker, every WAITING_CHECK_S: try again, say why it waits, fail it
+    past the pending timeout. Only waiting sessions run it (kopf stops the timer once one is assigned),
+    and it covers a session whose pool does not exist (no sweep of that pool would ever see it)."""
+    view = session_sweep.SessionView.from_body(body)
+    if view.spec is None:
+        return  # session_assign marked it Failed
+    try:
+        out = _assign(view, memo)
+    except (RegistryUnavailable, kube.ApiException) as exc:
+        memo.metrics.reconcile_error(r.SESSION_KIND)
+        log.warning("session %s/%s: %s; next try in %.0fs", namespace, name, exc, WAITING_CHECK_S)
+        return
+    if out is not None:
         if out.status:
             memo.writer.put(namespace, name, uid, out.status)
         for type_, reason, message in out.events:
