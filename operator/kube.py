@@ -24,17 +24,21 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 
 
 def load_config(pool_size: int | None = None) -> None:
-    """In-cluster service account if present, else $KUBECONFIG / ~/.kube/config. `pool_size`: connections
-    kept open to the API server (the client's default, 5 per core, makes threads beyond it open and drop a
-    TLS connection per request)."""
+    """In-cluster service account if present, else $KUBECONFIG / ~/.kube/config; and one shared API client.
+
+    Every `kubernetes.client.XxxApi()` made without a client takes the default `ApiClient`; with none set it
+    makes a new one, with its own connection pool, so each request paid a new TLS handshake (operator and API
+    server CPU). The shared client keeps `pool_size` connections open (the client's default, 5 per core,
+    makes threads beyond it open and drop a TLS connection per request); urllib3's pool is thread-safe."""
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
+    cfg = kubernetes.client.Configuration.get_default_copy()
     if pool_size is not None:
-        cfg = kubernetes.client.Configuration.get_default_copy()
         cfg.connection_pool_maxsize = pool_size
-        kubernetes.client.Configuration.set_default(cfg)
+    kubernetes.client.Configuration.set_default(cfg)
+    kubernetes.client.ApiClient.set_default(kubernetes.client.ApiClient(cfg))
 
 
 def api_message(exc: ApiException) -> str:
