@@ -73,7 +73,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.metrics = default_metrics()
     memo.pool_views = {}  # (namespace, pool) -> (monotonic time, PoolView); see _pool_view
     memo.sweep = session_sweep.SweepState()
-    memo.writer = StatusWriter(kube.patch_session_status, threads=STATUS_WRITERS)
+    memo.writer = StatusWriter(kube.patch_session_status, threads=STATUS_WRITERS, on_written=memo.sweep.confirm)
     if config.metrics_port:
         serve(config.metrics_port, registry=memo.metrics.registry)
 
@@ -131,9 +131,9 @@ def _write_token_secret(manifest: dict[str, Any]) -> None:
 
 
 def _assign(view: session_sweep.SessionView, memo: kopf.Memo) -> reconcile.Outcome | None:
-    """Try to assign a waiting session (create/resume handler and its pool's sweep). None when there is
-    nothing to do: another path assigned it meanwhile, or it is being deleted. The status patch is
-    remembered before it is written, so the sweep never assigns it twice."""
+    """Try to assign a waiting session (create/resume handler and its pool's sweep) and queue its status
+    patch. None when there is nothing to do: another path assigned it meanwhile, or it is being deleted.
+    The status patch is remembered before it is written, so the sweep never assigns it twice."""
     state: session_sweep.SweepState = memo.sweep
     assert view.spec is not None
     with state.lock(view.uid):
@@ -150,7 +150,8 @@ def _assign(view: session_sweep.SessionView, memo: kopf.Memo) -> reconcile.Outco
             pool_view=lambda: _pool_view(memo, view.namespace, view.spec.pool),
         )
         if out.status:
-            state.remember(view.uid, out.status)
+            seq = state.remember(view.uid, out.status)
+            memo.writer.put(view.namespace, view.name, view.uid, out.status, tag=seq)
             if out.status.get("phase") != status.get("phase") or out.status.get("message") != status.get("message"):
                 log.info("session %s/%s: %s: %s", view.namespace, view.name, out.status.get("phase"),
                          out.status.get("message"))
@@ -172,8 +173,6 @@ def session_assign(body, spec, meta, status, namespace, name, uid, patch, memo, 
     except (RegistryUnavailable, kube.ApiException) as exc:
         raise _retry(r.SESSION_KIND, memo, retry, exc) from None
     if out is not None:  # waiting for a worker: the pool's sweep assigns it when one is idle
-        if out.status:
-            memo.writer.put(namespace, name, uid, out.status)
         for type_, reason, message in out.events:
             kopf.event(body, type=type_, reason=reason, message=message)
 
@@ -198,8 +197,6 @@ def session_waiting(body, namespace, name, uid, memo, **_: Any) -> None:
         log.warning("session %s/%s: %s; next try in %.0fs", namespace, name, exc, WAITING_CHECK_S)
         return
     if out is not None:
-        if out.status:
-            memo.writer.put(namespace, name, uid, out.status)
         for type_, reason, message in out.events:
             kopf.event(body, type=type_, reason=reason, message=message)
 
@@ -215,8 +212,6 @@ def pool_sessions(namespace, name, memo, session_views: kopf.Index, **_: Any) ->
         out = _assign(view, memo)
         if out is None:
             return True
-        if out.status:
-            memo.writer.put(view.namespace, view.name, view.uid, out.status)
         for type_, reason, message in out.events:
             kopf.event(view.event_body(), type=type_, reason=reason, message=message)
         return not out.no_worker
@@ -224,7 +219,8 @@ def pool_sessions(namespace, name, memo, session_views: kopf.Index, **_: Any) ->
     try:
         res = session_sweep.sweep_pool(
             list(session_views.get(pool, [])), registry=memo.registry, state=state, timeouts=memo.config.timeouts,
-            write_status=lambda view, p: memo.writer.put(view.namespace, view.name, view.uid, p), assign=assign)
+            write_status=lambda view, p, seq: memo.writer.put(view.namespace, view.name, view.uid, p, tag=seq),
+            assign=assign)
         for view, (type_, reason, message) in res.events:
             kopf.event(view.event_body(), type=type_, reason=reason, message=message)
         for view, rb_pool, reason in res.rollbacks:

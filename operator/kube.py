@@ -187,13 +187,14 @@ def read_secret_token(namespace: str, name: str, key: str = "token") -> str | No
     return None
 
 
-def patch_session_status(namespace: str, name: str, status: dict[str, Any]) -> bool:
-    """Merge `status` into a CharacterSession's status subresource. False if the session is gone."""
+def patch_session_status(namespace: str, name: str, status: dict[str, Any]) -> str | None:
+    """Merge `status` into a CharacterSession's status subresource. Returns the object's resourceVersion
+    after the write; None if the session is gone."""
     try:
-        kubernetes.client.CustomObjectsApi().patch_namespaced_custom_object_status(
+        obj = kubernetes.client.CustomObjectsApi().patch_namespaced_custom_object_status(
             r.GROUP, r.VERSION, namespace, r.SESSION_PLURAL, name, {"status": status})
     except ApiException as exc:
         if exc.status == 404:
-            return False
+            return None
         raise
-    return True
+    return str(((obj or {}).get("metadata") or {}).get("resourceVersion") or "")

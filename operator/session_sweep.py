@@ -5,7 +5,9 @@ CPU each, in a pool of 6 threads under one GIL), a Redis round trip or three per
 a status write whenever the average fps moved; at a thousand sessions the timers starved the event
 handlers (docs/ARCHITECTURE.md, "The control plane at fleet scale"). A sweep instead:
 - takes the pool's sessions from kopf's index (kept current by the watch; no API read), overlaid with
-  the status this operator wrote last (the index lags its own writes by a watch round trip);
+  the status this operator wrote last until the index shows that write (it lags by a watch round trip);
+  from then on the index wins, so a status another writer changed since (a second replica during a
+  peering hand-over) is seen and corrected, not hidden behind what this process remembers;
 - reads what Redis holds about all its live sessions in one round trip (`Registry.observe_sessions`);
 - runs the same level-triggered decision per session (`reconcile.progress_session`);
 - writes only what changed: a phase, worker or message change at once; the mirrored stats (avgFps,
@@ -54,6 +56,7 @@ class SessionView:
     spec: r.CharacterSessionSpec | None
     status: dict[str, Any]
     deleting: bool
+    resource_version: int | None = None  # metadata.resourceVersion when it is a number (etcd's revision)
 
     @classmethod
     def from_body(cls, body: Any) -> SessionView:
@@ -65,7 +68,8 @@ class SessionView:
         created = reconcile._parse_time(meta.get("creationTimestamp")) or datetime.now(tz=UTC)
         return cls(namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid", ""),
                    created=created, spec=spec, status=dict(body.get("status") or {}),
-                   deleting=bool(meta.get("deletionTimestamp")))
+                   deleting=bool(meta.get("deletionTimestamp")),
+                   resource_version=resource_version_number(meta.get("resourceVersion")))
 
     @property
     def ref(self) -> reconcile.SessionRef:
@@ -77,25 +81,55 @@ class SessionView:
                 "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid}}
 
 
+def resource_version_number(value: Any) -> int | None:
+    """A resourceVersion as a number, None when it is not one. The API server's are etcd revisions
+    (increasing integers); a server whose are not only keeps the overlay longer (SweepState.status)."""
+    return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
 @dataclass
 class SweepState:
-    """What the sweeps and the session handlers share in one operator process (kept in kopf's memo)."""
+    """What the sweeps and the session handlers share in one operator process (kept in kopf's memo).
+
+    `written` overlays the index with the status fields this process queued or wrote, until the index
+    shows an object at least as new as this process's last write (`confirm`: the resourceVersion the API
+    server returned for it); then the overlay is dropped and the index is the truth again."""
 
     written: dict[str, dict[str, Any]] = field(default_factory=dict)  # uid -> status fields written last
     stats_written_at: dict[str, float] = field(default_factory=dict)  # uid -> monotonic time
     releasing: set[str] = field(default_factory=set)  # uids being deleted: never assign them
+    _seq: dict[str, int] = field(default_factory=dict)  # uid -> number of the last remembered patch
+    _confirmed: dict[str, int] = field(default_factory=dict)  # uid -> resourceVersion after the last patch
     _locks: dict[str, threading.Lock] = field(default_factory=dict)
     _guard: threading.Lock = field(default_factory=threading.Lock)
 
     def status(self, view: SessionView) -> dict[str, Any]:
         """The session's status as it is after this operator's last write (the index may not show it yet)."""
-        return {**view.status, **self.written.get(view.uid, {})}
+        with self._guard:
+            seen = self._confirmed.get(view.uid)
+            if seen is not None and view.resource_version is not None and view.resource_version >= seen:
+                del self._confirmed[view.uid]  # the index has our last write, or something newer
+                self.written.pop(view.uid, None)
+                return dict(view.status)
+            return {**view.status, **self.written.get(view.uid, {})}
 
-    def remember(self, uid: str, patch: dict[str, Any]) -> None:
+    def remember(self, uid: str, patch: dict[str, Any]) -> int:
+        """Overlay `patch` (about to be queued for writing); returns its number, the status writer's tag."""
         with self._guard:
             self.written[uid] = {**self.written.get(uid, {}), **patch}
             if _STATS_FIELDS & patch.keys():
                 self.stats_written_at[uid] = time.monotonic()
+            self._seq[uid] = seq = self._seq.get(uid, 0) + 1
+            self._confirmed.pop(uid, None)  # a newer patch waits: the overlay holds until it is written
+            return seq
+
+    def confirm(self, uid: str, resource_version: str, seq: int) -> None:
+        """The status writer wrote patches up to number `seq`; the object is at `resource_version` after it.
+        Ignored when a newer patch was remembered since (its own write will confirm)."""
+        number = resource_version_number(resource_version)
+        with self._guard:
+            if number is not None and self._seq.get(uid) == seq and uid in self.written:
+                self._confirmed[uid] = number
 
     def lock(self, uid: str) -> threading.Lock:
         """One session's assignment lock (the create handler and a sweep may both try it)."""
@@ -106,7 +140,7 @@ class SweepState:
         """Drop what is remembered about sessions that are gone."""
         keep = set(uids)
         with self._guard:
-            for table in (self.written, self.stats_written_at, self._locks):
+            for table in (self.written, self.stats_written_at, self._locks, self._seq, self._confirmed):
                 for uid in [u for u in table if u not in keep]:
                     del table[uid]
             self.releasing &= keep
@@ -136,13 +170,14 @@ def sweep_pool(
     registry: Registry,
     state: SweepState,
     timeouts: reconcile.Timeouts,
-    write_status: Callable[[SessionView, dict[str, Any]], None],
+    write_status: Callable[[SessionView, dict[str, Any], int], None],
     assign: Callable[[SessionView, dict[str, Any]], bool],
     now: datetime | None = None,
 ) -> SweepResult:
     """Reconcile one pool's sessions (`views`: every CharacterSession of the pool in the index).
 
-    `write_status(view, patch)` queues a status patch for the object (it must not wait for the API server);
+    `write_status(view, patch, seq)` queues a status patch for the object (it must not wait for the API
+    server; `seq` is the patch's number from SweepState.remember, for SweepState.confirm);
     `assign(view, status)` tries to assign a waiting session and returns False when no worker was free
     (the sweep stops trying then)."""
     now = now or datetime.now(tz=UTC)
@@ -181,10 +216,10 @@ def sweep_pool(
                                          registry=registry, now=now, grace_s=END_GRACE_S):
             res.stale_released += 1
     for v, patch, before in writes:
-        state.remember(v.uid, patch)
+        seq = state.remember(v.uid, patch)
         if patch.get("phase") != before.get("phase"):
             log.info("session %s/%s: %s: %s", v.namespace, v.name, patch.get("phase"), patch.get("message"))
-        write_status(v, patch)
+        write_status(v, patch, seq)
     res.written = len(writes)
     exhausted = False  # once a claim found no idle worker, only sessions past their pending timeout are tried
     for v, st in sorted(waiting, key=lambda x: x[0].created):

@@ -7,7 +7,9 @@ a handler puts its patch and goes on; a newer patch for a session whose previous
 merged into it (top-level status fields, the newer wins), so under back-pressure those phases become one
 write; the API server's pace sets how stale the object may be, not how often the operator reconciles.
 A failed write (429, 5xx, a dropped connection) goes back into the queue (a newer patch still wins) and
-is tried again after `retry_s`; a session that is gone (404) is dropped.
+is tried again after `retry_s`; a session that is gone (404) is dropped. Each patch carries a tag (the
+sweep's patch number); after a write, `on_written(uid, resourceVersion, tag)` says which patches the object
+now holds (the newest tag merged into that write).
 """
 
 from __future__ import annotations
@@ -21,16 +23,20 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# write(namespace, name, status patch) -> False if the object is gone; raises on any other failure
-WriteFn = Callable[[str, str, dict[str, Any]], bool]
+# write(namespace, name, status patch) -> the object's resourceVersion after the write, None if the object
+# is gone; raises on any other failure
+WriteFn = Callable[[str, str, dict[str, Any]], str | None]
+WrittenFn = Callable[[str, str, int], None]  # (uid, resourceVersion, newest tag in the write)
 
 
 class StatusWriter:
-    def __init__(self, write: WriteFn, threads: int = 8, retry_s: float = 1.0) -> None:
+    def __init__(self, write: WriteFn, threads: int = 8, retry_s: float = 1.0,
+                 on_written: WrittenFn | None = None) -> None:
         if threads < 1:
             raise ValueError(f"threads: expected >= 1, got {threads}")
-        self._write, self._retry_s = write, retry_s
-        self._pending: dict[str, tuple[str, str, dict[str, Any]]] = {}  # uid -> (namespace, name, patch)
+        self._write, self._retry_s, self._on_written = write, retry_s, on_written
+        # uid -> (namespace, name, patch, newest tag merged into it)
+        self._pending: dict[str, tuple[str, str, dict[str, Any], int]] = {}
         self._order: deque[str] = deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -41,21 +47,22 @@ class StatusWriter:
         for t in self._threads:
             t.start()
 
-    def put(self, namespace: str, name: str, uid: str, patch: dict[str, Any]) -> None:
+    def put(self, namespace: str, name: str, uid: str, patch: dict[str, Any], tag: int = 0) -> None:
         """Queue `patch` for the session (merged into its waiting patch, if any); never blocks on the API."""
         with self._cond:
-            self._merge(uid, namespace, name, patch)
+            self._merge(uid, namespace, name, patch, tag)
             self._cond.notify()
 
-    def _merge(self, uid: str, namespace: str, name: str, patch: dict[str, Any], older: bool = False) -> None:
+    def _merge(self, uid: str, namespace: str, name: str, patch: dict[str, Any], tag: int,
+               older: bool = False) -> None:
         waiting = self._pending.get(uid)
         if waiting is None:
-            self._pending[uid] = (namespace, name, dict(patch))
+            self._pending[uid] = (namespace, name, dict(patch), tag)
             self._order.append(uid)
         elif older:  # a failed write coming back: what was queued since is newer and wins
-            self._pending[uid] = (namespace, name, {**patch, **waiting[2]})
+            self._pending[uid] = (namespace, name, {**patch, **waiting[2]}, max(tag, waiting[3]))
         else:
-            self._pending[uid] = (namespace, name, {**waiting[2], **patch})
+            self._pending[uid] = (namespace, name, {**waiting[2], **patch}, max(tag, waiting[3]))
 
     def depth(self) -> int:
         """Sessions with a patch waiting to be written."""
@@ -94,16 +101,18 @@ class StatusWriter:
                     self._cond.wait()
                 if not uid:
                     return
-                namespace, name, patch = self._pending.pop(uid)
+                namespace, name, patch, tag = self._pending.pop(uid)
                 self._writing.add(uid)
             try:
-                self._write(namespace, name, patch)
+                version = self._write(namespace, name, patch)
+                if version is not None and self._on_written is not None:
+                    self._on_written(uid, version, tag)
             except Exception as exc:  # noqa: BLE001 (throttled or unreachable: try again, newest first)
                 log.warning("status of %s/%s not written (%s); retrying in %.1fs", namespace, name, exc, self._retry_s)
                 with self._cond:
                     self.failed += 1
                     self._writing.discard(uid)
-                    self._merge(uid, namespace, name, patch, older=True)
+                    self._merge(uid, namespace, name, patch, tag, older=True)
                 time.sleep(self._retry_s)
                 with self._cond:
                     self._cond.notify()

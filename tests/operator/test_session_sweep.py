@@ -34,9 +34,10 @@ def registry(redis_url):
     reg.close()
 
 
-def view(i: int, status: dict[str, Any] | None = None, created: datetime = T0, deleting: bool = False) -> sw.SessionView:
+def view(i: int, status: dict[str, Any] | None = None, created: datetime = T0, deleting: bool = False,
+         rv: int | None = None) -> sw.SessionView:
     return sw.SessionView(namespace=NS, name=f"s-{i}", uid=f"uid-{i}", created=created, spec=SPEC,
-                          status=status or {}, deleting=deleting)
+                          status=status or {}, deleting=deleting, resource_version=rv)
 
 
 def workers(reg: Registry, n: int) -> list[str]:
@@ -52,6 +53,7 @@ class Sweep:
     def __init__(self, reg: Registry) -> None:
         self.reg, self.state = reg, sw.SweepState()
         self.writes: list[tuple[str, dict[str, Any]]] = []
+        self.seqs: dict[str, int] = {}  # uid -> number of the last patch queued
 
     def assign(self, v: sw.SessionView, status: dict[str, Any]) -> bool:
         out = rc.assign_session(v.ref, SPEC, self.state.status(v), registry=self.reg,
@@ -65,7 +67,11 @@ class Sweep:
     def __call__(self, views: list[sw.SessionView], now: datetime) -> sw.SweepResult:
         self.now = now
         return sw.sweep_pool(views, registry=self.reg, state=self.state, timeouts=TIMEOUTS, now=now,
-                             write_status=lambda v, p: self.writes.append((v.name, p)), assign=self.assign)
+                             write_status=self.write, assign=self.assign)
+
+    def write(self, v: sw.SessionView, patch: dict[str, Any], seq: int) -> None:
+        self.writes.append((v.name, patch))
+        self.seqs[v.uid] = seq
 
 
 def streaming(reg: Registry, i: int, fps: float = 23.9) -> None:
@@ -165,3 +171,46 @@ def test_the_index_view_of_an_object_and_the_overlay_of_own_writes():
     assert state.status(v) == {"phase": "Assigned", "message": "waiting", "worker": "w"}
     state.forget_all_but([])
     assert state.status(v) == body["status"]
+    assert sw.SessionView.from_body({**body, "metadata": {**body["metadata"], "resourceVersion": "41"}}
+                                    ).resource_version == 41
+    assert v.resource_version is None  # none given: the overlay holds until forgotten
+
+
+def test_the_overlay_holds_until_the_index_shows_the_write_then_the_index_wins():
+    state = sw.SweepState()
+    v = view(0, {"phase": "Pending"}, rv=10)
+    seq = state.remember(v.uid, {"phase": "Streaming", "worker": "w"})
+    state.confirm(v.uid, "12", seq)  # written: the object is at version 12 now
+    assert state.status(v)["phase"] == "Streaming", "the index (10) does not show it yet"
+    later = view(0, {"phase": "Assigned", "worker": "w"}, rv=15)  # someone else wrote after us
+    assert state.status(later) == {"phase": "Assigned", "worker": "w"}, "newer than our write: the index wins"
+    assert state.status(view(0, {"phase": "Pending"}, rv=10)) == {"phase": "Pending"}, "the overlay is gone"
+
+
+def test_a_write_of_an_older_patch_does_not_end_the_overlay_of_a_newer_one():
+    state = sw.SweepState()
+    first = state.remember("uid-0", {"phase": "Assigned", "worker": "w"})
+    state.remember("uid-0", {"phase": "Streaming"})  # queued, not written yet
+    state.confirm("uid-0", "12", first)
+    assert state.status(view(0, {"phase": "Assigned", "worker": "w"}, rv=12))["phase"] == "Streaming"
+    state.confirm("uid-0", "nonsense", 2)  # a version that is not a number: the overlay stays
+    assert state.status(view(0, {"phase": "Assigned", "worker": "w"}, rv=99))["phase"] == "Streaming"
+
+
+def test_a_status_another_replica_set_back_is_corrected_by_the_next_sweep(registry):
+    """Two replicas during a peering hand-over: the other one resumed a session whose status it had not
+    seen written yet and wrote Assigned over our Streaming. The sweep sees the index (newer than its own
+    write) and writes Streaming again instead of trusting what it remembers."""
+    workers(registry, 1)
+    sweep = Sweep(registry)
+    v = view(0, rv=5)
+    sweep([v], T0)
+    streaming(registry, 0)
+    sweep([v], T0 + timedelta(seconds=1))
+    assert sweep.writes[-1][1]["phase"] == "Streaming"
+    sweep.state.confirm(v.uid, "20", sweep.seqs[v.uid])
+    sweep.writes.clear()
+    regressed = view(0, {"phase": "Assigned", "worker": f"{POOL_NAME}-0", "assignedAt": "2026-12-01T12:00:00Z"},
+                     rv=23)
+    sweep([regressed], T0 + timedelta(seconds=2))
+    assert [p["phase"] for _, p in sweep.writes] == ["Streaming"]

@@ -23,14 +23,15 @@ class Api:
         self.fail_first = fail_first
         self.lock = threading.Lock()
 
-    def __call__(self, namespace: str, name: str, patch: dict) -> bool:
+    def __call__(self, namespace: str, name: str, patch: dict) -> str:
+        """The object's resourceVersion after the write: the count of writes so far, as the API server's."""
         self.gate.wait(10)
         with self.lock:
             if self.fail_first:
                 self.fail_first -= 1
                 raise ConnectionError("429 Too Many Requests")
             self.writes.append((name, dict(patch)))
-        return True
+            return str(100 + len(self.writes))
 
 
 def test_a_waiting_patch_absorbs_newer_ones_so_a_slow_api_sees_one_write():
@@ -73,6 +74,29 @@ def test_one_session_is_never_written_by_two_threads_at_once():
     api.gate.set()
     assert w.flush()
     assert [p["phase"] for _, p in api.writes] == ["Assigned", "Streaming"]
+    w.close()
+
+
+def test_after_a_write_it_reports_the_version_and_the_newest_patch_merged_into_it():
+    api = Api()
+    api.gate.clear()
+    written: list[tuple[str, str, int]] = []
+    w = StatusWriter(api, threads=1, retry_s=0.01, on_written=lambda *a: written.append(a))
+    w.put("ns", "s-1", "u1", {"phase": "Assigned"}, tag=1)  # being written (held at the gate)
+    time.sleep(0.05)
+    w.put("ns", "s-1", "u1", {"phase": "Connecting"}, tag=2)
+    w.put("ns", "s-1", "u1", {"phase": "Streaming"}, tag=3)  # merged with tag 2 into one waiting write
+    api.gate.set()
+    assert w.flush()
+    assert written == [("u1", "101", 1), ("u1", "102", 3)]
+    w.close()
+
+
+def test_a_session_that_is_gone_is_dropped_and_not_reported_written():
+    written: list[tuple[str, str, int]] = []
+    w = StatusWriter(lambda ns, name, patch: None, threads=1, on_written=lambda *a: written.append(a))
+    w.put("ns", "gone", "u1", {"phase": "Streaming"}, tag=1)
+    assert w.flush() and w.depth() == 0 and written == [] and w.written == 1
     w.close()
 
 
