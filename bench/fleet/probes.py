@@ -3,8 +3,10 @@
 A phase's figures are the difference of two samples divided by the phase's length: operator CPU
 seconds (/proc), requests the API server dispatched for the operator (its FlowSchema), Redis commands
 (INFO commandstats: every client, Lua-internal calls included), the commands the operator process and
-the simulated workers sent themselves (counted in each process), operator log lines. The machine's
-load average is sampled every few seconds in a thread, because the benchmark shares its cores.
+the simulated workers sent themselves (counted in each process), operator log lines; CPU seconds of
+each process the benchmark started (etcd, kube-apiserver, kwok, the operator replicas, ...) and of the
+whole machine, so a phase says which process its cores went to and how much went to other jobs. The
+machine's load average is sampled every few seconds in a thread, because the benchmark shares its cores.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import redis
 
 
@@ -35,6 +38,29 @@ class Sample:
     fleet_calls: dict[str, int]
     operator_log_lines: int
     fleet: dict[str, Any] = field(default_factory=dict)
+    cpu_by_process: dict[str, float] = field(default_factory=dict)  # CPU seconds so far, by process name
+    machine_busy_s: float = 0.0  # CPU seconds the whole machine spent busy (all cores, all processes)
+
+
+def cpu_by_process(names: dict[int, str]) -> dict[str, float]:
+    """CPU seconds (user + system) of this process and every descendant, summed by name: `names[pid]`
+    where given (the operator replicas, ...), else the executable's name (etcd, kube-apiserver, ...)."""
+    me = psutil.Process()
+    out: dict[str, float] = {}
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+            name = names.get(proc.pid) or ("bench-driver" if proc.pid == me.pid else proc.name())
+        except psutil.Error:  # ended between the listing and the reading
+            continue
+        out[name] = out.get(name, 0.0) + t.user + t.system
+    return out
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores spent on anything but idle and I/O wait since boot."""
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
 def redis_commandstats(client: redis.Redis) -> dict[str, int]:
@@ -83,6 +109,9 @@ def phase_rates(a: Sample, b: Sample, sessions: float) -> dict[str, Any]:
                                           sorted(op_redis.items(), key=lambda kv: -kv[1])},
         "operator_log_lines_per_s": round((b.operator_log_lines - a.operator_log_lines) / secs, 2),
         "mean_live_sessions": round(sessions, 1),
+        "machine_busy_cores": round((b.machine_busy_s - a.machine_busy_s) / secs, 2),
+        "cores_by_process": {k: round(v / secs, 3) for k, v in sorted(delta(a.cpu_by_process, b.cpu_by_process).items(),
+                                                                      key=lambda kv: -kv[1])},
     }
 
 

@@ -38,7 +38,15 @@ from vivant.apis.livekit_token import LiveKitCredentials
 from vivant.bench.fleet import control_plane as cp
 from vivant.bench.fleet import report
 from vivant.bench.fleet.driver import Driver
-from vivant.bench.fleet.probes import LoadSampler, Sample, phase_rates, read_fleet_status, redis_commandstats
+from vivant.bench.fleet.probes import (
+    LoadSampler,
+    Sample,
+    cpu_by_process,
+    machine_busy_seconds,
+    phase_rates,
+    read_fleet_status,
+    redis_commandstats,
+)
 from vivant.devcluster.cluster import (
     DEV_API_KEY,
     DEV_LIVEKIT_KEY,
@@ -225,6 +233,8 @@ class Bench:
             fleet_redis=fleet.get("redis_commands", {}), fleet_calls=fleet.get("registry_calls", {}),
             operator_log_lines=ops.log_lines(),
             fleet={k: fleet.get(k) for k in ("workers", "states", "active_sessions", "counters")},
+            cpu_by_process=cpu_by_process({p.pid: p.name for p in self.procs}),
+            machine_busy_s=machine_busy_seconds(),
         )
         self.samples[name] = s
         return s
@@ -348,6 +358,7 @@ def run_bench(cfg: FleetBenchConfig, state_dir: Path, keep: bool = False, log=pr
     started = datetime.now(tz=UTC)
     try:
         bench.setup()
+        ver = versions(bench.cluster, bench.redis)  # the checkout the processes started from, not the one at the end
         s0 = bench.sample("start")
         bench.burst()
         s1 = bench.sample("burst_end")
@@ -363,7 +374,6 @@ def run_bench(cfg: FleetBenchConfig, state_dir: Path, keep: bool = False, log=pr
         bench.gateway.stop()
         bench.fleet.stop(signal.SIGTERM)
         fleet = read_fleet_status(bench.fleet_status)
-        ver = versions(bench.cluster, bench.redis)
         live_burst = cfg.sessions  # at most; the hold keeps exactly cfg.sessions live
         phases = {
             "burst": {**phase_rates(s0, s1, live_burst / 2), "load": bench.load.between(s0.at, s1.at)},
