@@ -327,6 +327,19 @@ def log_levels(paths: list[Path]) -> dict[str, int]:
     return out
 
 
+def peering_changes(path: Path) -> dict[str, Any]:
+    """When a replica paused for a peer of higher priority and when it resumed (kopf's peering log lines,
+    their timestamps as logged): a standby that resumes while the active replica lives is a peering flap."""
+    out: dict[str, list[str]] = {"paused": [], "resumed": []}
+    with path.open(errors="replace") as f:
+        for line in f:
+            if "Pausing operations in favour of" in line:
+                out["paused"].append(line[1:24])
+            elif "Resuming operations after the pause" in line:
+                out["resumed"].append(line[1:24])
+    return {"pauses": len(out["paused"]), "resumes": len(out["resumed"]), "resumed_at": out["resumed"][:20]}
+
+
 def source_digest(folders: tuple[str, ...]) -> str:
     """sha256 (12 hex) of the operator's source as this checkout has it: which operator a result measured."""
     import hashlib
@@ -399,7 +412,8 @@ def run_bench(cfg: FleetBenchConfig, state_dir: Path, keep: bool = False, log=pr
                          "replicas": cfg.operators,
                          "handlers": bench.operators.handler_means(),
                          "peak_rss_mib": round(peak_rss / 2**20, 1),
-                         "log_lines_by_level": log_levels([p.log_path for p in bench.operators.procs])},
+                         "log_lines_by_level": log_levels([p.log_path for p in bench.operators.procs]),
+                         "peering": {p.name: peering_changes(p.log_path) for p in bench.operators.procs}},
         })
         if bench.killed_at is not None:
             result["failover"] = report.failover(list(bench.driver.records.values()), bench.killed_at)
