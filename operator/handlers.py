@@ -219,7 +219,8 @@ def pool_sessions(namespace, name, memo, session_views: kopf.Index, **_: Any) ->
     try:
         res = session_sweep.sweep_pool(
             list(session_views.get(pool, [])), registry=memo.registry, state=state, timeouts=memo.config.timeouts,
-            write_status=lambda view, p, seq: memo.writer.put(view.namespace, view.name, view.uid, p, tag=seq),
+            write_status=lambda view, p, seq, urgent: memo.writer.put(view.namespace, view.name, view.uid, p, tag=seq,
+                                                                      urgent=urgent),
             assign=assign)
         for view, (type_, reason, message) in res.events:
             kopf.event(view.event_body(), type=type_, reason=reason, message=message)

@@ -170,14 +170,15 @@ def sweep_pool(
     registry: Registry,
     state: SweepState,
     timeouts: reconcile.Timeouts,
-    write_status: Callable[[SessionView, dict[str, Any], int], None],
+    write_status: Callable[[SessionView, dict[str, Any], int, bool], None],
     assign: Callable[[SessionView, dict[str, Any]], bool],
     now: datetime | None = None,
 ) -> SweepResult:
     """Reconcile one pool's sessions (`views`: every CharacterSession of the pool in the index).
 
-    `write_status(view, patch, seq)` queues a status patch for the object (it must not wait for the API
-    server; `seq` is the patch's number from SweepState.remember, for SweepState.confirm);
+    `write_status(view, patch, seq, urgent)` queues a status patch for the object (it must not wait for the
+    API server; `seq` is the patch's number from SweepState.remember, for SweepState.confirm; `urgent` is
+    False for a patch that only refreshes the mirrored stats);
     `assign(view, status)` tries to assign a waiting session and returns False when no worker was free
     (the sweep stops trying then)."""
     now = now or datetime.now(tz=UTC)
@@ -198,7 +199,7 @@ def sweep_pool(
             ended.append((v, st))
     res.live, res.waiting = len(live), len(waiting)
     seen = registry.observe_sessions([v.ref.session_id for v, _ in live + ended])
-    writes: list[tuple[SessionView, dict[str, Any], dict[str, Any]]] = []  # (session, patch, status before)
+    writes: list[tuple[SessionView, dict[str, Any], dict[str, Any], bool]] = []  # (session, patch, before, urgent)
     mono = time.monotonic()
     for v, st in live:
         assert v.spec is not None
@@ -206,20 +207,20 @@ def sweep_pool(
                                          observed=seen[v.ref.session_id])
         if out.rollback is not None:
             res.rollbacks.append((v, *out.rollback))
-        if out.status and (_material(out.status, st)
-                           or mono - state.stats_written_at.get(v.uid, 0.0) >= STATS_REFRESH_S):
-            writes.append((v, out.status, st))
+        material = bool(out.status) and _material(out.status, st)
+        if out.status and (material or mono - state.stats_written_at.get(v.uid, 0.0) >= STATS_REFRESH_S):
+            writes.append((v, out.status, st, material))
         res.events.extend((v, e) for e in out.events)
     for v, st in ended:
         assert v.spec is not None
         if reconcile.release_stale_lease(v.ref, v.spec, st, holder=seen[v.ref.session_id].holder,
                                          registry=registry, now=now, grace_s=END_GRACE_S):
             res.stale_released += 1
-    for v, patch, before in writes:
+    for v, patch, before, material in writes:
         seq = state.remember(v.uid, patch)
         if patch.get("phase") != before.get("phase"):
             log.info("session %s/%s: %s: %s", v.namespace, v.name, patch.get("phase"), patch.get("message"))
-        write_status(v, patch, seq)
+        write_status(v, patch, seq, material)
     res.written = len(writes)
     exhausted = False  # once a claim found no idle worker, only sessions past their pending timeout are tried
     for v, st in sorted(waiting, key=lambda x: x[0].created):

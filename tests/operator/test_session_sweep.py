@@ -54,6 +54,7 @@ class Sweep:
         self.reg, self.state = reg, sw.SweepState()
         self.writes: list[tuple[str, dict[str, Any]]] = []
         self.seqs: dict[str, int] = {}  # uid -> number of the last patch queued
+        self.urgent: dict[str, bool] = {}  # name -> whether its last patch was queued as urgent
 
     def assign(self, v: sw.SessionView, status: dict[str, Any]) -> bool:
         out = rc.assign_session(v.ref, SPEC, self.state.status(v), registry=self.reg,
@@ -69,9 +70,10 @@ class Sweep:
         return sw.sweep_pool(views, registry=self.reg, state=self.state, timeouts=TIMEOUTS, now=now,
                              write_status=self.write, assign=self.assign)
 
-    def write(self, v: sw.SessionView, patch: dict[str, Any], seq: int) -> None:
+    def write(self, v: sw.SessionView, patch: dict[str, Any], seq: int, urgent: bool) -> None:
         self.writes.append((v.name, patch))
         self.seqs[v.uid] = seq
+        self.urgent[v.name] = urgent
 
 
 def streaming(reg: Registry, i: int, fps: float = 23.9) -> None:
@@ -98,6 +100,7 @@ def test_a_sweep_reads_all_its_sessions_in_one_round_trip_and_writes_only_change
     assert (calls(registry, "mget") - mget, calls(registry, "hmget") - hmget) == (2, 1), "one pipeline for 40"
     assert calls(registry, "get") == get, "no GET per session"
     assert {p["phase"] for _, p in sweep.writes} == {"Streaming"} and len(sweep.writes) == 40
+    assert all(sweep.urgent.values()), "a phase change is urgent"
     sweep.writes.clear()
     for i in range(40):
         streaming(registry, i, fps=23.95)  # only the average fps moved
@@ -106,6 +109,7 @@ def test_a_sweep_reads_all_its_sessions_in_one_round_trip_and_writes_only_change
         sweep.state.stats_written_at[uid] -= sw.STATS_REFRESH_S
     assert sweep(views, T0 + timedelta(seconds=4)).written == 40
     assert all(p["avgFps"] == 23.95 for _, p in sweep.writes)
+    assert not any(sweep.urgent.values()), "a stats refresh waits behind phase changes"
 
 
 def test_waiting_sessions_get_freed_workers_oldest_first_and_time_out(registry):

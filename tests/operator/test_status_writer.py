@@ -100,6 +100,23 @@ def test_a_session_that_is_gone_is_dropped_and_not_reported_written():
     w.close()
 
 
+def test_phase_changes_go_before_waiting_stats_refreshes():
+    api = Api()
+    api.gate.clear()
+    w = StatusWriter(api, threads=1, retry_s=0.01)
+    w.put("ns", "blocker", "u0", {"phase": "Assigned"})  # occupies the only thread
+    time.sleep(0.05)
+    for i in range(1, 4):
+        w.put("ns", f"s-{i}", f"u{i}", {"avgFps": 23.9}, urgent=False)
+    w.put("ns", "s-9", "u9", {"phase": "Assigned", "worker": "w9"})
+    w.put("ns", "s-2", "u2", {"phase": "Ended"})  # a waiting refresh that now ends its session moves up
+    api.gate.set()
+    assert w.flush()
+    assert [name for name, _ in api.writes] == ["blocker", "s-9", "s-2", "s-1", "s-3"]
+    assert api.writes[2] == ("s-2", {"avgFps": 23.9, "phase": "Ended"})
+    w.close()
+
+
 def test_bad_thread_count_is_refused():
     with pytest.raises(ValueError, match="threads: expected >= 1"):
         StatusWriter(Api(), threads=0)
