@@ -1,6 +1,6 @@
 """The fleet benchmark's section of docs/BENCHMARKS.md, from its result JSONs (bench/results/fleet_*.json):
-one side-by-side table of the run before and after the scaling changes, the failover run's figures, and
-which goals were met. `bench/benchmarks_md.py` prints it; every number is one of those files' numbers."""
+one side-by-side table of the runs (before the scaling changes, then after), the failover figures of the
+last run, and which goals it met. `bench/benchmarks_md.py` prints it; every number is one of those files'."""
 
 from __future__ import annotations
 
@@ -27,12 +27,12 @@ def _load(res: dict[str, Any], phase: str | None = None) -> str:
     return "—" if not ld else f"{ld['mean_1m']:.1f} (min {ld['min_1m']:.1f}, max {ld['max_1m']:.1f})"
 
 
-def _row(name: str, before: str, after: str) -> str:
-    return f"| {name} | {before} | {after} |"
+def _row(name: str, *cells: str) -> str:
+    return f"| {name} | {' | '.join(cells)} |"
 
 
-def comparison_rows(b: dict[str, Any], a: dict[str, Any]) -> list[str]:
-    """The table's rows, each 'what | before | after'."""
+def comparison_rows(*runs: dict[str, Any]) -> list[str]:
+    """The table's rows, each 'what | run 1 | run 2 | ...'."""
     def lat(res: dict[str, Any], wave: str, key: str) -> str:
         return _pct(res["latency"].get(wave, {}).get(key))
 
@@ -43,52 +43,44 @@ def comparison_rows(b: dict[str, Any], a: dict[str, Any]) -> list[str]:
         c = res["correctness"]
         return f"{c['double_assignments']} / {c['leaked_leases']} / {c['sessions_failed']}"
 
+    def each(fn: Any) -> list[str]:
+        return [fn(r) for r in runs]
+
     rows = [
-        _row("operator commit (source sha256)", *(f"`{r['versions']['git_commit']}` "
-                                                    f"({r['versions'].get('operator_source_sha256', '—')})"
-                                                    for r in (b, a))),
-        _row("date (UTC)", b["date"], a["date"]),
-        _row("operator replicas", str(b["config"].get("operators", 1)), str(a["config"].get("operators", 1))),
-        _row("load average (1 min) during the run, mean", _load(b), _load(a)),
+        _row("operator commit (source sha256)", *each(lambda r: f"`{r['versions']['git_commit']}` "
+                                                                f"({r['versions'].get('operator_source_sha256', '—')})")),
+        _row("date (UTC)", *each(lambda r: r["date"])),
+        _row("operator replicas", *each(lambda r: str(r["config"].get("operators", 1))
+                                        + (f", the active one killed {r['config']['kill_active_at_s']:.0f} s into the hold"
+                                           if r["config"].get("kill_active_at_s") is not None else ""))),
+        _row("load average (1 min) when the benchmark started, after its cluster was up",
+             *each(lambda r: f"{r['machine']['load_samples'][0][1]:.1f}" if r["machine"].get("load_samples") else "—")),
+        _row("load average (1 min) during the run, mean", *each(_load)),
         _row("sessions in the burst (created / through the session API)",
-             *(f"{r['latency']['burst']['sessions']} / {(r['latency']['burst']['by_path']['api'] or {}).get('n', 0)}"
-               for r in (b, a))),
-        _row("burst: apply → Assigned p50 / p99 / max (s)", lat(b, "burst", "apply_to_assigned_s"),
-             lat(a, "burst", "apply_to_assigned_s")),
-        _row("burst: apply → Streaming p50 / p99 / max (s)", lat(b, "burst", "apply_to_streaming_s"),
-             lat(a, "burst", "apply_to_streaming_s")),
+             *each(lambda r: f"{r['latency']['burst']['sessions']} / "
+                             f"{(r['latency']['burst']['by_path']['api'] or {}).get('n', 0)}")),
+        _row("burst: apply → Assigned p50 / p99 / max (s)", *each(lambda r: lat(r, "burst", "apply_to_assigned_s"))),
+        _row("burst: apply → Streaming p50 / p99 / max (s)", *each(lambda r: lat(r, "burst", "apply_to_streaming_s"))),
         _row("burst: worker reports Streaming → on the object p50 / p99 / max (s)",
-             lat(b, "burst", "worker_streaming_to_visible_s"), lat(a, "burst", "worker_streaming_to_visible_s")),
-        _row("churn: sessions created during the hold", *(str(r["latency"].get("churn", {}).get("sessions", 0))
-                                                           for r in (b, a))),
-        _row("churn: apply → Assigned p50 / p99 / max (s)", lat(b, "churn", "apply_to_assigned_s"),
-             lat(a, "churn", "apply_to_assigned_s")),
-        _row("churn: apply → Streaming p50 / p99 / max (s)", lat(b, "churn", "apply_to_streaming_s"),
-             lat(a, "churn", "apply_to_streaming_s")),
-        _row("delete → object gone p50 / p99 / max (s)", _pct(b["latency"]["delete_to_gone_s"]),
-             _pct(a["latency"]["delete_to_gone_s"])),
-        _row("burst phase: seconds until every session streamed", ph(b, "burst", "seconds", ".0f"),
-             ph(a, "burst", "seconds", ".0f")),
+             *each(lambda r: lat(r, "burst", "worker_streaming_to_visible_s"))),
+        _row("churn: sessions created during the hold", *each(lambda r: str(r["latency"].get("churn", {}).get("sessions", 0)))),
+        _row("churn: apply → Assigned p50 / p99 / max (s)", *each(lambda r: lat(r, "churn", "apply_to_assigned_s"))),
+        _row("churn: apply → Streaming p50 / p99 / max (s)", *each(lambda r: lat(r, "churn", "apply_to_streaming_s"))),
+        _row("delete → object gone p50 / p99 / max (s)", *each(lambda r: _pct(r["latency"]["delete_to_gone_s"]))),
+        _row("burst phase: seconds until every session streamed", *each(lambda r: ph(r, "burst", "seconds", ".0f"))),
     ]
     for phase in ("burst", "hold", "delete"):
-        rows += [
-            _row(f"{phase}: operator CPU (cores)", ph(b, phase, "operator_cpu_cores"),
-                 ph(a, phase, "operator_cpu_cores")),
-            _row(f"{phase}: operator CPU s per session-minute", ph(b, phase, "operator_cpu_s_per_session_minute"),
-                 ph(a, phase, "operator_cpu_s_per_session_minute")),
-            _row(f"{phase}: operator API requests/s (API server's count)", ph(b, phase, "operator_api_requests_per_s"),
-                 ph(a, phase, "operator_api_requests_per_s")),
-            _row(f"{phase}: Redis commands/s sent by the operator", ph(b, phase, "redis_commands_per_s_operator"),
-                 ph(a, phase, "redis_commands_per_s_operator")),
-            _row(f"{phase}: operator log lines/s", ph(b, phase, "operator_log_lines_per_s"),
-                 ph(a, phase, "operator_log_lines_per_s")),
-        ]
+        for key, name in (("operator_cpu_cores", "operator CPU (cores)"),
+                          ("operator_cpu_s_per_session_minute", "operator CPU s per session-minute"),
+                          ("operator_api_requests_per_s", "operator API requests/s (API server's count)"),
+                          ("redis_commands_per_s_operator", "Redis commands/s sent by the operator"),
+                          ("operator_log_lines_per_s", "operator log lines/s")):
+            rows.append(_row(f"{phase}: {name}", *each(lambda r, k=key, p=phase: ph(r, p, k))))
     rows += [
-        _row("hold: load average (1 min), mean", _load(b, "hold"), _load(a, "hold")),
-        _row("operator peak RSS (MiB)", str(b["operator"]["peak_rss_mib"]), str(a["operator"]["peak_rss_mib"])),
-        _row("double assignments / leaked leases / sessions failed", ok(b), ok(a)),
-        _row("session API requests that failed (driver errors)", str(b["correctness"]["driver_errors"]),
-             str(a["correctness"]["driver_errors"])),
+        _row("hold: load average (1 min), mean", *each(lambda r: _load(r, "hold"))),
+        _row("operator peak RSS (MiB)", *each(lambda r: str(r["operator"]["peak_rss_mib"]))),
+        _row("double assignments / leaked leases / sessions failed", *each(ok)),
+        _row("session API requests that failed (driver errors)", *each(lambda r: str(r["correctness"]["driver_errors"]))),
     ]
     return rows
 
@@ -134,21 +126,18 @@ def failover_rows(f: dict[str, Any]) -> list[str]:
     ]
 
 
-def section(before: dict[str, Any], after: dict[str, Any], failover: dict[str, Any] | None,
-            files: tuple[str, str, str | None], notes: str) -> str:
-    """The whole markdown section. `files` names the three JSONs under bench/results/; `notes` is the
-    measured explanation (profile, load) written beside the figures."""
+def section(runs: list[tuple[str, str, dict[str, Any]]], notes: str) -> str:
+    """The whole markdown section. `runs`: (column title, JSON file under bench/results/, result), the
+    before run first and the final run last (its goals and, if it has one, its failover are shown);
+    `notes` is the measured explanation (profile, load) written beside the figures."""
+    after = runs[-1][2]
+    failover = after if "failover" in after else None
     v = after["versions"]
     out = [
         "## The control plane at fleet scale: 1,000 sessions (CPU, local cluster)",
         "",
         "```",
-        before["command"],
-        after["command"],
-    ]
-    if failover is not None:
-        out.append(failover["command"])
-    out += [
+        *(r["command"] for _, _, r in runs),
         "```",
         "",
         f"Machine: {after['machine']['cpus']} CPU cores ({after['machine']['platform']}), **shared** with other "
@@ -163,19 +152,20 @@ def section(before: dict[str, Any], after: dict[str, Any], failover: dict[str, A
         f"bursts of {after['config']['burst']} every {after['config']['burst_gap_s']:g} s "
         f"({after['config']['api_share']:.0%} through the session API), held {after['config']['hold_s']:.0f} s "
         f"with {after['config']['churn']:.0%} a minute ended and replaced, then all deleted. JSON: "
-        + ", ".join(f"`bench/results/{x}`" for x in files if x) + ".",
+        + ", ".join(f"`bench/results/{f}`" for _, f, _ in runs) + ".",
         "",
-        "| | before (one 1 s timer per session) | after (one sweep per pool, status queue) |",
-        "|---|---|---|",
-        *comparison_rows(before, after),
+        "| | " + " | ".join(title for title, _, _ in runs) + " |",
+        "|---" * (len(runs) + 1) + "|",
+        *comparison_rows(*(r for _, _, r in runs)),
         "",
-        "Goals at 1,000 sessions (after):",
+        "Goals at 1,000 sessions (the last column's run):",
         "",
         *goals(after),
         "",
     ]
     if failover is not None:
-        out += ["### Failover: two operator replicas, the active one killed mid-churn", "",
+        out += [f"### Failover: {failover['config']['operators']} operator replicas, the active one killed mid-churn "
+                "(the last column's run)", "",
                 *failover_rows(failover), ""]
     out += [notes.strip(), ""]
     return "\n".join(out)

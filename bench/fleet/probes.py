@@ -110,8 +110,10 @@ def phase_rates(a: Sample, b: Sample, sessions: float) -> dict[str, Any]:
         "operator_log_lines_per_s": round((b.operator_log_lines - a.operator_log_lines) / secs, 2),
         "mean_live_sessions": round(sessions, 1),
         "machine_busy_cores": round((b.machine_busy_s - a.machine_busy_s) / secs, 2),
-        "cores_by_process": {k: round(v / secs, 3) for k, v in sorted(delta(a.cpu_by_process, b.cpu_by_process).items(),
-                                                                      key=lambda kv: -kv[1])},
+        # a process that ended within the phase (a killed replica) is left out: its last reading is gone
+        "cores_by_process": {k: round((v - a.cpu_by_process.get(k, 0.0)) / secs, 3)
+                             for k, v in sorted(b.cpu_by_process.items(), key=lambda kv: kv[1] - a.cpu_by_process.get(kv[0], 0.0),
+                                                reverse=True)},
     }
 
 

@@ -21,10 +21,10 @@ def test_every_row_shows_both_runs() -> None:
     a = copy.deepcopy(b)
     a["versions"]["git_commit"] = "abc1234"
     a["phases"]["hold"]["operator_cpu_cores"] = 0.123
-    rows = doc_section.comparison_rows(b, a)
-    assert all(r.count(" | ") == 2 for r in rows)
+    rows = doc_section.comparison_rows(b, a, a)
+    assert all(r.count(" | ") == 3 for r in rows)
     assert any("`1bed4ae`" in r and "`abc1234`" in r for r in rows)
-    assert "| hold: operator CPU (cores) | 0.41 | 0.123 |" in rows
+    assert "| hold: operator CPU (cores) | 0.41 | 0.123 | 0.123 |" in rows
 
 
 def test_goals_follow_the_figures() -> None:
@@ -46,6 +46,8 @@ def test_section_names_its_files_and_the_failover_run() -> None:
     f["failover"] = {"killed_at": 0.0, "created_after_kill": 60, "after_kill_apply_to_assigned_s": None,
                      "after_kill_apply_to_streaming_s": None, "in_flight_at_kill": 3, "in_flight_streamed": 3,
                      "failed": 0, "never_streamed": 0}
-    text = doc_section.section(b, b, f, ("fleet_before_1000.json", "a.json", "f.json"), "why")
+    text = doc_section.section([("before", "fleet_before_1000.json", b), ("after", "f.json", f)], "why")
     assert "`bench/results/f.json`" in text and "| sessions created after the kill | 60 |" in text
+    assert "| | before | after |" in text and "2, the active one killed 60 s into the hold" in text
     assert text.rstrip().endswith("why")
+    assert "### Failover" not in doc_section.section([("before", "x.json", b)], "")  # no kill, no failover part
