@@ -511,7 +511,11 @@ def _load1(res: dict) -> str:
     return f"{ld['mean_1m']:.1f} mean (min {ld['min_1m']:.1f}, max {ld['max_1m']:.1f})"
 
 
-fleet_notes = f"""**Where the time goes (why the latency goals are missed on this machine).** The machine was saturated: in the
+fleet_notes = f"""The commits in the table are the `fleet` branch's before it was rebased onto main (the rebase changed their ids,
+and main's only change to operator/ or sessions/ since is one comment in operator/builders.py); the operator's source
+digest beside each identifies the code measured.
+
+**Where the time goes (why the latency goals are missed on this machine).** The machine was saturated: in the
 final run's burst {ffb['machine_busy_cores']:.1f} of 2 cores were busy, {bench_cores:.2f} of them the benchmark's own processes
 (kube-apiserver {fcores.get('kube-apiserver', 0):.2f}, the simulated workers {fcores.get('sim-workers', 0):.2f}, the operator
 {fcores.get('operator-0', 0):.2f}, controller-manager {fcores.get('kube-controller-manager', 0):.2f}, etcd {fcores.get('etcd', 0):.2f},
