@@ -3,6 +3,7 @@
   step    the DiT chunk step (bench/step.py)
   decode  the VAE decoder and the two-stage pipeline (bench/decode.py)
   call    the whole LiveKit call on this machine, measured at the receiving participant (bench/livekit_call.py)
+  fleet   the control plane with a thousand sessions on simulated GPU nodes (bench/fleet/)
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
-BENCHES = {"step": "vivant.bench.step", "decode": "vivant.bench.decode", "call": "vivant.bench.livekit_call"}
+BENCHES = {"step": "vivant.bench.step", "decode": "vivant.bench.decode", "call": "vivant.bench.livekit_call",
+           "fleet": "vivant.bench.fleet.run"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -89,8 +89,8 @@ class NodePoolSpec:
     taints: tuple[Taint, ...] = (Taint("nvidia.com/gpu", "present", "NoSchedule"),)
 
     def __post_init__(self) -> None:
-        if self.nodes < 0 or self.nodes > 200:
-            raise ValueError(f"nodes: expected 0..200, got {self.nodes}")
+        if self.nodes < 0 or self.nodes > 5000:
+            raise ValueError(f"nodes: expected 0..5000, got {self.nodes}")
         if self.gpus_per_node < 0 or self.gpus_per_node > 64:
             raise ValueError(f"gpus_per_node: expected 0..64, got {self.gpus_per_node}")
 
@@ -141,6 +141,9 @@ class ClusterState:
     ports: dict[str, int]
     pids: dict[str, int]
     redis_url: str | None = None
+    # each process's start time (clock ticks since boot, /proc/<pid>/stat): pids are reused (pid_max is
+    # often 32768), so a pid from an old state.json may name someone else's process by now
+    starts: dict[str, int] = field(default_factory=dict)
 
     def save(self, folder: Path) -> None:
         (folder / "state.json").write_text(json.dumps(asdict(self), indent=2))
@@ -151,19 +154,35 @@ class ClusterState:
         return cls(**json.loads(path.read_text())) if path.exists() else None
 
 
-def _alive(pid: int) -> bool:
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat), None if gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[19])
+
+
+def _alive(pid: int, start: int | None = None) -> bool:
+    """`pid` runs and is not a zombie; with `start`, it is also the process that started then (not a
+    later process that got the same pid)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    if start is not None and _start_time(pid) != start:
+        return False
     stat = Path(f"/proc/{pid}/stat")
     return not (stat.exists() and stat.read_text().split(") ", 1)[-1].startswith("Z"))
 
 
-def _stop_pid(pid: int, timeout: float = 10.0) -> None:
-    """SIGTERM the process group led by `pid`, then SIGKILL what is left."""
+def _stop_pid(pid: int, timeout: float = 10.0, start: int | None = None) -> None:
+    """SIGTERM the process group led by `pid`, then SIGKILL what is left; nothing if `pid` is no longer
+    the process that started at `start` (its pid was reused)."""
+    if start is not None and not _alive(pid, start):
+        return
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(pid, sig)
@@ -176,7 +195,7 @@ def _stop_pid(pid: int, timeout: float = 10.0) -> None:
                     return
             except ChildProcessError:
                 pass
-            if not _alive(pid):
+            if not _alive(pid, start):
                 return
             time.sleep(0.05)
 
@@ -204,7 +223,7 @@ class LocalCluster:
     # ------------------------------------------------------------------ lifecycle
 
     def running(self) -> bool:
-        return self.state is not None and all(_alive(p) for p in self.state.pids.values())
+        return self.state is not None and all(_alive(p, self.state.starts.get(n)) for n, p in self.state.pids.items())
 
     def up(self, timeout: float = 120.0) -> ClusterState:
         if self.running():
@@ -274,11 +293,12 @@ class LocalCluster:
                 "--node-lease-duration-seconds=40", f"--config={STAGES}",
             ])
             pools = (self.spec.system_pool, self.spec.node_pool)
-            for pool in pools:
-                for i in range(pool.nodes):
-                    self.kubectl_apply(pool.node_manifest(i))
-            total = sum(p.nodes for p in pools)
-            self._wait(lambda: self._nodes_ready(total), f"{total} nodes Ready", 60)
+            nodes = [pool.node_manifest(i) for pool in pools for i in range(pool.nodes)]
+            for start in range(0, len(nodes), 250):  # one kubectl per 250 nodes (a fleet has thousands)
+                self.kubectl_apply({"apiVersion": "v1", "kind": "List", "items": nodes[start:start + 250]},
+                                   timeout=300)
+            total = len(nodes)
+            self._wait(lambda: self._nodes_ready(total), f"{total} nodes Ready", max(60, total / 10))
             self._wait(lambda: self.kubectl("get", "serviceaccount", "default", "-n", "default", check=False)
                        .returncode == 0, "the default ServiceAccount", 60)
             if self.spec.redis:
@@ -302,7 +322,7 @@ class LocalCluster:
         if state is not None:
             order = ["pod-runner", "kwok", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "redis", "etcd"]
             for name in sorted(state.pids, key=lambda n: order.index(n) if n in order else -1):
-                _stop_pid(state.pids[name])
+                _stop_pid(state.pids[name], start=state.starts.get(name))
         for sub in ("etcd", "state.json"):
             path = self.dir / sub
             if path.is_dir():
@@ -317,7 +337,7 @@ class LocalCluster:
         state = self.state or ClusterState.load(self.dir)
         if state is None:
             return {"running": False}
-        procs = {name: ("running" if _alive(pid) else "dead") for name, pid in state.pids.items()}
+        procs = {name: ("running" if _alive(pid, state.starts.get(name)) else "dead") for name, pid in state.pids.items()}
         out: dict[str, Any] = {"running": all(v == "running" for v in procs.values()), "server": state.server,
                                "kubeconfig": state.kubeconfig, "processes": procs, "redis_url": state.redis_url}
         if out["running"]:
@@ -340,8 +360,8 @@ class LocalCluster:
             raise RuntimeError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
         return proc
 
-    def kubectl_apply(self, manifest: dict[str, Any]) -> None:
-        self.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+    def kubectl_apply(self, manifest: dict[str, Any], timeout: float = 60) -> None:
+        self.kubectl("apply", "-f", "-", input=json.dumps(manifest), timeout=timeout)
 
     def _start(self, name: str, cmd: list[str]) -> None:
         assert self.state is not None
@@ -352,13 +372,16 @@ class LocalCluster:
                                 start_new_session=True, cwd=self.dir, env=env)
         logf.close()
         self.state.pids[name] = proc.pid
+        start = _start_time(proc.pid)
+        if start is not None:
+            self.state.starts[name] = start
         self.state.save(self.dir)
 
     def _wait(self, ready, what: str, timeout: float) -> None:
         assert self.state is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            dead = [n for n, p in self.state.pids.items() if not _alive(p)]
+            dead = [n for n, p in self.state.pids.items() if not _alive(p, self.state.starts.get(n))]
             if dead:
                 tail = (self.logs / f"{dead[0]}.log").read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"{dead[0]} exited while waiting for {what}; its log ends:\n{tail}")

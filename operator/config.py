@@ -8,6 +8,7 @@ no global config. A bad value raises ValueError naming the variable and what was
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -28,6 +29,11 @@ class OperatorConfig:
     reap_grace_s: float = 30.0
     token_ttl: timedelta = timedelta(minutes=10)
     metrics_port: int | None = None
+    # kopf peering (several replicas): the live replica of highest priority works, the others wait; two of
+    # equal priority would BOTH pause. So each replica gets its own: VIVANT_OPERATOR_PRIORITY, else one
+    # derived from the pod name ($HOSTNAME). A replica that died is replaced after `peering_lifetime_s`.
+    peering_priority: int = 0
+    peering_lifetime_s: int = 15
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -51,6 +57,18 @@ class OperatorConfig:
                 raise ValueError(f"{name}: expected a positive number of seconds, got {raw!r}")
             return value
 
+        def integer(name: str, default: int, low: int, high: int) -> int:
+            raw = env.get(name)
+            if raw is None or raw == "":
+                return default
+            try:
+                value = int(raw)
+            except ValueError:
+                raise ValueError(f"{name}: expected an integer, got {raw!r}") from None
+            if not low <= value <= high:
+                raise ValueError(f"{name}: expected {low}..{high}, got {value}")
+            return value
+
         port = env.get("VIVANT_OPERATOR_METRICS_PORT")
         if port not in (None, "") and not port.isdigit():
             raise ValueError(f"VIVANT_OPERATOR_METRICS_PORT: expected a port number, got {port!r}")
@@ -66,4 +84,11 @@ class OperatorConfig:
             reap_grace_s=seconds("VIVANT_REAP_GRACE_S", 30.0),
             token_ttl=timedelta(seconds=seconds("VIVANT_TOKEN_TTL_S", 600.0)),
             metrics_port=int(port) if port else None,
+            peering_priority=integer("VIVANT_OPERATOR_PRIORITY", name_priority(env.get("HOSTNAME", "")), 0, 2**31 - 1),
+            peering_lifetime_s=integer("VIVANT_PEERING_LIFETIME_S", 15, 5, 600),
         )
+
+
+def name_priority(name: str) -> int:
+    """A kopf peering priority from a replica's pod name: stable per pod, distinct between pods (crc32)."""
+    return zlib.crc32(name.encode()) & 0x7FFFFFFF

@@ -9,21 +9,25 @@ its outcome (status patch, Events, the token Secret, StatefulSet size). Errors b
   the next spec change, not forever;
 - Redis unreachable (`RegistryUnavailable`) or other Kubernetes API errors -> `kopf.TemporaryError`
   with exponential backoff (1 s, 2 s, 4 s ... 30 s) in event handlers; the timers try again next tick.
-Sessions are driven by one 1 s timer per live session (assignment while Pending, then progress), so a
-session waiting for a worker costs no API writes and logs only when its status message changes (INFO),
-not at every try; the pool timer scales the StatefulSet and rolls its idle outdated pods (the
-StatefulSet's updateStrategy is OnDelete, so no streaming worker is killed by a template edit).
-Level-triggered: timers read the current state every time, so an operator restart converges (claims are
-idempotent per session, so nothing is assigned twice). Progress and diff-base are kept in annotations
-under vivant.dev (status stays schema-clean); the finalizer `vivant.dev/release-worker` guarantees a
-deleted session's worker is told to stop and freed — and a per-session lock keeps the timer from
-claiming a worker once the release has run.
+Nothing runs per session per second (docs/ARCHITECTURE.md, "The control plane at fleet scale"): a
+session is assigned on its create/resume event; one that finds no idle worker says why in its status,
+its pool's sweep (`session_sweep.py`, one kopf timer per pool) assigns it once a worker is idle, and
+while it waits it re-checks on its own every WAITING_CHECK_S (why it waits, the pending timeout);
+the same sweep mirrors, times out and ends all the pool's sessions, and their status is written through
+a queue (`status_writer.py`). Deleting a session asks the worker to stop and keeps the finalizer until
+the worker has given the lease back. The pool timer scales the StatefulSet and rolls its idle outdated
+pods (the StatefulSet's updateStrategy is OnDelete, so no streaming worker is killed by a template edit).
+Level-triggered: handlers and sweeps read the current state every time, so an operator restart converges
+(claims are idempotent per session, so nothing is assigned twice). Progress and diff-base are kept in
+annotations under vivant.dev (status stays schema-clean); the finalizer `vivant.dev/release-worker`
+guarantees a deleted session's worker is told to stop and freed.
 """
+
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import threading
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -33,19 +37,24 @@ import pydantic
 from vivant.apis import resources as r
 from vivant.apis.feature_flags import FUSED_GEMM_ALL_REDUCE
 from vivant.operator import builders as b
-from vivant.operator import kube, reconcile
+from vivant.operator import kube, reconcile, session_sweep
 from vivant.operator.config import OperatorConfig
 from vivant.operator.metrics import default_metrics, serve
+from vivant.operator.status_writer import StatusWriter
 from vivant.sessions.flags import FlagStore
 from vivant.sessions.registry import Registry, RegistryUnavailable
 
 FINALIZER = "vivant.dev/release-worker"
 SESSIONS = (r.GROUP, r.VERSION, r.SESSION_PLURAL)
 POOLS = (r.GROUP, r.VERSION, r.POOL_PLURAL)
-SESSION_TICK_S = 1.0
 POOL_TICK_S = 2.0
 TERMINAL = frozenset(p.value for p in r.TERMINAL_PHASES)
+HANDLER_THREADS = 16  # kopf's pool for sync handlers (its default is min(32, cores + 4): 6 on 2 cores)
+STATUS_WRITERS = 8  # threads writing session status (status_writer.py)
+WAITING_CHECK_S = 5.0  # how often a session waiting for a worker re-checks on its own (session_waiting)
+END_ACK_WAIT_S = 3.0  # how long one delete-handler run waits for the worker's end before kopf retries it
 log = logging.getLogger(__name__)
+
 
 
 @kopf.on.startup()
@@ -55,19 +64,31 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="vivant.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="vivant.dev")
     settings.watching.server_timeout = 60
-    # A deleted CharacterSession keeps its finalizer until its session_tick timer has exited; when a tick was
-    # running at the delete, kopf looks again only after `cancellation_polling` (default 60 s), so the session
-    # outlived its delete by up to a minute. Look again after one tick.
-    settings.background.cancellation_polling = SESSION_TICK_S
-    kube.load_config()
+    # A deleted CharacterSession keeps its finalizer until its timers have exited; when one was running at the
+    # delete, kopf looks again only after `cancellation_polling` (default 60 s), so the session outlived its
+    # delete by up to a minute. Look again after one second.
+    settings.background.cancellation_polling = 1.0
+    settings.execution.max_workers = HANDLER_THREADS
+    settings.peering.priority = config.peering_priority
+    settings.peering.lifetime = config.peering_lifetime_s
+    kube.load_config(pool_size=HANDLER_THREADS + STATUS_WRITERS + 4)
     memo.config = config
     memo.registry = Registry(config.redis_url, heartbeat_ttl_s=config.heartbeat_ttl_s,
                              reap_grace_s=max(config.reap_grace_s, config.heartbeat_ttl_s))
     memo.flags = FlagStore(memo.registry.redis)
     memo.metrics = default_metrics()
     memo.pool_views = {}  # (namespace, pool) -> (monotonic time, PoolView); see _pool_view
+    memo.sweep = session_sweep.SweepState()
+    memo.writer = StatusWriter(kube.patch_session_status, threads=STATUS_WRITERS, on_written=memo.sweep.confirm)
     if config.metrics_port:
         serve(config.metrics_port, registry=memo.metrics.registry)
+
+
+@kopf.on.cleanup()
+def stop_writer(memo: kopf.Memo, **_: Any) -> None:
+    """Write what is queued before the operator exits (a successor would recompute it anyway)."""
+    memo.writer.flush(timeout=5.0)
+    memo.writer.close()
 
 
 def _retry(kind: str, memo: kopf.Memo, retry: int, exc: Exception) -> kopf.TemporaryError:
@@ -86,19 +107,7 @@ def _session(spec: Any, meta: Any, namespace: str, name: str, uid: str, patch: k
     return reconcile.SessionRef(namespace=namespace, name=name, uid=uid, created=created), parsed
 
 
-def _apply(outcome: reconcile.Outcome, body: Any, patch: kopf.Patch) -> None:
-    if outcome.status:
-        patch.status.update(outcome.status)
-    for type_, reason, message in outcome.events:
-        kopf.event(body, type=type_, reason=reason, message=message)
-
-
 POOL_VIEW_TTL_S = 5.0
-
-
-def _session_lock(memo: kopf.Memo) -> threading.Lock:
-    """The lock of one session's claim and release (kopf gives each object its own memo)."""
-    return memo.setdefault("session_lock", threading.Lock())
 
 
 def _pool_view(memo: kopf.Memo, namespace: str, pool: str) -> reconcile.PoolView:
@@ -127,78 +136,153 @@ def _write_token_secret(manifest: dict[str, Any]) -> None:
         raise
 
 
-def _log_session(namespace: str, name: str, status: dict[str, Any], out: reconcile.Outcome) -> None:
-    """INFO when the session's phase or message changes, DEBUG otherwise (the timer runs every second)."""
-    new = out.status
-    if new and (new.get("phase") != status.get("phase") or new.get("message") != status.get("message")):
-        log.info("session %s/%s: %s: %s", namespace, name, new.get("phase"), new.get("message"))
-    else:
-        log.debug("session %s/%s: unchanged (%s)", namespace, name, status.get("phase"))
+def _assign(view: session_sweep.SessionView, memo: kopf.Memo) -> reconcile.Outcome | None:
+    """Try to assign a waiting session (create/resume handler and its pool's sweep) and queue its status
+    patch. None when there is nothing to do: another path assigned it meanwhile, or it is being deleted.
+    The status patch is remembered before it is written, so the sweep never assigns it twice."""
+    state: session_sweep.SweepState = memo.sweep
+    assert view.spec is not None
+    with state.lock(view.uid):
+        status = state.status(view)
+        if view.uid in state.releasing or status.get("worker") or status.get("phase") not in (
+                None, r.SessionPhase.PENDING.value):
+            return None
+        cfg: OperatorConfig = memo.config
+        started = time.monotonic()
+        out = reconcile.assign_session(
+            view.ref, view.spec, status, registry=memo.registry, credentials=cfg.livekit,
+            apply_secret=_write_token_secret, timeouts=cfg.timeouts, now=datetime.now(tz=UTC),
+            token_ttl=cfg.token_ttl, read_token=lambda secret: kube.read_secret_token(view.namespace, secret),
+            pool_view=lambda: _pool_view(memo, view.namespace, view.spec.pool),
+        )
+        if out.status:
+            seq = state.remember(view.uid, out.status)
+            memo.writer.put(view.namespace, view.name, view.uid, out.status, tag=seq)
+            if out.status.get("phase") != status.get("phase") or out.status.get("message") != status.get("message"):
+                log.info("session %s/%s: %s: %s", view.namespace, view.name, out.status.get("phase"),
+                         out.status.get("message"))
+    memo.metrics.observe_reconcile("assign", time.monotonic() - started)
+    if out.assigned_after_s is not None:
+        memo.metrics.observe_assignment(r.pool_key(view.namespace, view.spec.pool), out.assigned_after_s)
+    return out
 
 
-@kopf.timer(*SESSIONS, interval=SESSION_TICK_S, when=lambda status, **_: status.get("phase") not in ("Ended", "Failed"))
-def session_tick(body, spec, meta, status, namespace, name, uid, patch, memo, **_: Any) -> None:
-    """Pending: try to assign a worker (and say why none is free); later phases: mirror the worker."""
-    if meta.get("deletionTimestamp"):
-        return  # session_release owns it now
-    ref, parsed = _session(spec, meta, namespace, name, uid, patch)
-    cfg: OperatorConfig = memo.config
-    now = datetime.now(tz=UTC)
+@kopf.on.create(*SESSIONS)
+@kopf.on.resume(*SESSIONS)
+def session_assign(body, spec, meta, status, namespace, name, uid, patch, memo, retry, **_: Any) -> None:
+    if status.get("phase") in (p.value for p in r.TERMINAL_PHASES):
+        return
+    _session(spec, meta, namespace, name, uid, patch)  # an invalid spec fails here, naming the field
+    view = session_sweep.SessionView.from_body(body)
     try:
-        if status.get("phase") in (None, r.SessionPhase.PENDING.value):
-            with _session_lock(memo):
-                if memo.get("released"):
-                    return
-                sent = memo.get("assigned")  # (worker, status patch) this operator sent and wrote already
-                if sent is not None and memo.registry.worker_of(ref.session_id) == sent[0]:
-                    # our own Assigned patch is not in the body yet (the watch lags): write it again, send nothing
-                    _apply(reconcile.Outcome(status=sent[1]), body, patch)
-                    return
-                out = reconcile.assign_session(
-                    ref, parsed, dict(status), registry=memo.registry, credentials=cfg.livekit,
-                    apply_secret=_write_token_secret, timeouts=cfg.timeouts, now=now, token_ttl=cfg.token_ttl,
-                    read_token=lambda secret: kube.read_secret_token(namespace, secret),
-                    pool_view=lambda: _pool_view(memo, namespace, parsed.pool),
-                )
-            if out.assigned_after_s is not None:
-                memo["assigned"] = (out.status.get("worker"), out.status)
-                memo.metrics.observe_assignment(r.pool_key(namespace, parsed.pool), out.assigned_after_s)
-        else:
-            out = reconcile.progress_session(ref, parsed, dict(status), registry=memo.registry,
-                                             timeouts=cfg.timeouts, now=now)
-            if out.rollback is not None:
-                pool, reason = out.rollback
-                if reconcile.auto_rollback(memo.flags, pool, reason) is not None:
-                    kopf.warn(body, reason="FlagRolledBack", message=f"{FUSED_GEMM_ALL_REDUCE} turned off: {reason}")
-                    memo.metrics.flag_rollback(pool, FUSED_GEMM_ALL_REDUCE, "fault" if "fault" in reason else "fps")
+        out = _assign(view, memo)
+    except (RegistryUnavailable, kube.ApiException) as exc:
+        raise _retry(r.SESSION_KIND, memo, retry, exc) from None
+    if out is not None:  # waiting for a worker: the pool's sweep assigns it when one is idle
+        for type_, reason, message in out.events:
+            kopf.event(body, type=type_, reason=reason, message=message)
+
+
+def _waiting(status: Any, meta: Any, **_: Any) -> bool:
+    return (status.get("phase") in (None, r.SessionPhase.PENDING.value) and not status.get("worker")
+            and not meta.get("deletionTimestamp"))
+
+
+@kopf.timer(*SESSIONS, interval=WAITING_CHECK_S, initial_delay=WAITING_CHECK_S, when=_waiting)
+def session_waiting(body, namespace, name, uid, memo, **_: Any) -> None:
+    """A session still waiting for a worker, every WAITING_CHECK_S: try again, say why it waits, fail it
+    past the pending timeout. Only waiting sessions run it (kopf stops the timer once one is assigned),
+    and it covers a session whose pool does not exist (no sweep of that pool would ever see it)."""
+    view = session_sweep.SessionView.from_body(body)
+    if view.spec is None:
+        return  # session_assign marked it Failed
+    try:
+        out = _assign(view, memo)
     except (RegistryUnavailable, kube.ApiException) as exc:
         memo.metrics.reconcile_error(r.SESSION_KIND)
-        log.warning("session %s/%s: %s: %s; retrying next tick", namespace, name, type(exc).__name__,
-                    kube.api_message(exc) if isinstance(exc, kube.ApiException) else exc)
+        log.warning("session %s/%s: %s; next try in %.0fs", namespace, name, exc, WAITING_CHECK_S)
         return
-    _apply(out, body, patch)
-    _log_session(namespace, name, dict(status), out)
+    if out is not None:
+        for type_, reason, message in out.events:
+            kopf.event(body, type=type_, reason=reason, message=message)
+
+
+@kopf.timer(*POOLS, interval=session_sweep.SWEEP_S, initial_delay=session_sweep.SWEEP_S)
+def pool_sessions(namespace, name, memo, session_views: kopf.Index, **_: Any) -> None:
+    """Every second: reconcile all the pool's sessions at once (session_sweep.py)."""
+    pool = r.pool_key(namespace, name)
+    state: session_sweep.SweepState = memo.sweep
+    started = time.monotonic()
+
+    def assign(view: session_sweep.SessionView, _status: dict[str, Any]) -> bool:
+        out = _assign(view, memo)
+        if out is None:
+            return True
+        for type_, reason, message in out.events:
+            kopf.event(view.event_body(), type=type_, reason=reason, message=message)
+        return not out.no_worker
+
+    try:
+        res = session_sweep.sweep_pool(
+            list(session_views.get(pool, [])), registry=memo.registry, state=state, timeouts=memo.config.timeouts,
+            write_status=lambda view, p, seq, urgent: memo.writer.put(view.namespace, view.name, view.uid, p, tag=seq,
+                                                                      urgent=urgent),
+            assign=assign)
+        for view, (type_, reason, message) in res.events:
+            kopf.event(view.event_body(), type=type_, reason=reason, message=message)
+        for view, rb_pool, reason in res.rollbacks:
+            if reconcile.auto_rollback(memo.flags, rb_pool, reason) is not None:
+                kopf.warn(view.event_body(), reason="FlagRolledBack", message=f"{FUSED_GEMM_ALL_REDUCE} turned off: {reason}")
+                memo.metrics.flag_rollback(rb_pool, FUSED_GEMM_ALL_REDUCE, "fault" if "fault" in reason else "fps")
+    except (RegistryUnavailable, kube.ApiException) as exc:
+        memo.metrics.reconcile_error(r.SESSION_KIND)
+        log.warning("pool %s: session sweep failed (%s); next sweep in %.0fs", pool, exc, session_sweep.SWEEP_S)
+        return
+    memo.metrics.observe_reconcile("session_sweep", time.monotonic() - started)
+    memo.metrics.set_queue_depth("waiting_for_worker", pool, res.waiting - res.assigned)
+    memo.metrics.set_queue_depth("status_writes", "all", memo.writer.depth())
 
 
 @kopf.on.delete(*SESSIONS)
-def session_release(spec, meta, status, namespace, name, uid, memo, retry, logger, **_: Any) -> None:
+async def session_release(spec, meta, status, namespace, name, uid, memo, retry, logger, **_: Any) -> None:
+    """Ask the worker to stop; the finalizer goes once the worker has given the lease back (or, if it
+    hangs, once the operator freed it after session_sweep.END_GRACE_S)."""
     try:
         parsed = r.CharacterSessionSpec.model_validate(dict(spec))
     except pydantic.ValidationError:
         return  # never assigned: nothing to release
+    memo.sweep.releasing.add(uid)  # nothing assigns it from now on
     ref = reconcile.SessionRef(namespace=namespace, name=name, uid=uid, created=datetime.now(tz=UTC))
-    with _session_lock(memo):
-        memo["released"] = True  # the timer claims nothing for this session from now on
-        try:
-            released = reconcile.release_session(ref, parsed, dict(status), registry=memo.registry)
-        except RegistryUnavailable as exc:
-            raise _retry(r.SESSION_KIND, memo, retry, exc) from None
-    logger.info(f"session deleted; worker lease {'released' if released else 'was already free'}")
+    started, pause = time.monotonic(), 0.05
+    pool = r.pool_key(namespace, parsed.pool)
+    memo.metrics.queue_change("awaiting_end", pool, +1)
+    try:
+        while True:
+            try:
+                step = reconcile.release_session(ref, parsed, dict(status), registry=memo.registry,
+                                                 end_sent_at=memo.get("end_sent_at"), now=datetime.now(tz=UTC),
+                                                 grace_s=session_sweep.END_GRACE_S)
+            except RegistryUnavailable as exc:
+                raise _retry(r.SESSION_KIND, memo, retry, exc) from None
+            if step.end_sent:
+                memo["end_sent_at"] = datetime.now(tz=UTC)
+            if step.done:
+                break
+            if time.monotonic() - started > END_ACK_WAIT_S:
+                raise kopf.TemporaryError("waiting for the worker to stop the session", delay=1.0)
+            await asyncio.sleep(pause)
+            pause = min(0.4, pause * 2)
+    finally:
+        memo.metrics.queue_change("awaiting_end", pool, -1)
+    memo.metrics.observe_reconcile("release", time.monotonic() - started)
+    if step.forced:
+        logger.warning(f"worker did not stop within {session_sweep.END_GRACE_S:.0f}s of the end request; lease freed")
 
 
 @kopf.index(*SESSIONS)
-def session_phases(namespace, spec, status, name, **_: Any) -> dict[tuple[str, str, str], str]:
-    return {(namespace, r.pool_key(namespace, spec.get("pool", "?")), status.get("phase", "Pending")): name}
+def session_views(body, namespace, spec, **_: Any) -> dict[str, session_sweep.SessionView]:
+    """Every session by its pool id, as the sweeps and the phase counts read them (no API read)."""
+    return {r.pool_key(namespace, spec.get("pool", "?")): session_sweep.SessionView.from_body(body)}
 
 
 # ------------------------------------------------------------------------------------------- pools
@@ -276,7 +360,7 @@ def _roll(body: Any, namespace: str, name: str, sts: dict[str, Any], memo: kopf.
 
 
 @kopf.timer(*POOLS, interval=POOL_TICK_S, initial_delay=POOL_TICK_S)
-def pool_tick(body, spec, meta, status, namespace, name, patch, memo, session_phases: kopf.Index, **_: Any) -> None:
+def pool_tick(body, spec, meta, status, namespace, name, patch, memo, session_views: kopf.Index, **_: Any) -> None:
     """Every 2 s: size the StatefulSet (busy + minIdle), roll idle outdated pods, mirror the pool's state."""
     try:
         parsed = _parse_pool(spec, name)
@@ -289,8 +373,12 @@ def pool_tick(body, spec, meta, status, namespace, name, patch, memo, session_ph
             return  # pool_apply has not created it yet (or the API server rejected it: see the Ready condition)
         current = int(sts["spec"].get("replicas") or 0)
         plan = reconcile.pool_scale(name, namespace, parsed, current, registry=memo.registry)
-        live = {f"{ns}/{n}" for (ns, pk, phase), names in session_phases.items()
-                if pk == pool and phase not in TERMINAL for n in names}
+        # leases of sessions that are gone, or ended long ago: the sweep gives a recently ended session's worker
+        # END_GRACE_S to give its lease back itself (session_sweep.py); past that window the lease is an orphan
+        now = datetime.now(tz=UTC)
+        live = {f"{v.namespace}/{v.name}" for v in session_views.get(pool, ())
+                if v.status.get("phase") not in TERMINAL
+                or session_sweep.recently_ended(v.status, now)}
         reconcile.release_orphan_leases(pool, memo.registry, live)
         if plan.replicas != current:
             kube.scale_statefulset(namespace, name, plan.replicas)
@@ -311,4 +399,10 @@ def pool_tick(body, spec, meta, status, namespace, name, patch, memo, session_ph
     patch.status.update({**counts, **flag_patch})
     memo.metrics.set_pool_workers(pool, desired=plan.replicas, idle=counts["idle"], busy=counts["busy"],
                                   starting=counts["starting"], draining=counts["draining"])
-    memo.metrics.set_session_counts({key: len(names) for key, names in session_phases.items()})
+    counts: dict[tuple[str, str, str], int] = {}
+    for key, views in session_views.items():
+        for v in views:
+            k = (v.namespace, key, v.status.get("phase") or r.SessionPhase.PENDING.value)
+            counts[k] = counts.get(k, 0) + 1
+    memo.metrics.set_session_counts(counts)
+    memo.sweep.forget_all_but(v.uid for views in session_views.values() for v in views)

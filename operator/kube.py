@@ -23,12 +23,22 @@ FIELD_MANAGER = "vivant-operator"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 
 
-def load_config() -> None:
-    """In-cluster service account if present, else $KUBECONFIG / ~/.kube/config."""
+def load_config(pool_size: int | None = None) -> None:
+    """In-cluster service account if present, else $KUBECONFIG / ~/.kube/config; and one shared API client.
+
+    Every `kubernetes.client.XxxApi()` made without a client takes the default `ApiClient`; with none set it
+    makes a new one, with its own connection pool, so each request paid a new TLS handshake (operator and API
+    server CPU). The shared client keeps `pool_size` connections open (the client's default, 5 per core,
+    makes threads beyond it open and drop a TLS connection per request); urllib3's pool is thread-safe."""
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
+    cfg = kubernetes.client.Configuration.get_default_copy()
+    if pool_size is not None:
+        cfg.connection_pool_maxsize = pool_size
+    kubernetes.client.Configuration.set_default(cfg)
+    kubernetes.client.ApiClient.set_default(kubernetes.client.ApiClient(cfg))
 
 
 def api_message(exc: ApiException) -> str:
@@ -175,3 +185,16 @@ def read_secret_token(namespace: str, name: str, key: str = "token") -> str | No
     if secret.string_data and key in secret.string_data:  # only seen before the API server folds it into data
         return secret.string_data[key]
     return None
+
+
+def patch_session_status(namespace: str, name: str, status: dict[str, Any]) -> str | None:
+    """Merge `status` into a CharacterSession's status subresource. Returns the object's resourceVersion
+    after the write; None if the session is gone."""
+    try:
+        obj = kubernetes.client.CustomObjectsApi().patch_namespaced_custom_object_status(
+            r.GROUP, r.VERSION, namespace, r.SESSION_PLURAL, name, {"status": status})
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return str(((obj or {}).get("metadata") or {}).get("resourceVersion") or "")

@@ -19,6 +19,8 @@ Series (all prefixed `vivant_operator_`):
 | reconcile_errors_total | counter | kind | handler failures per resource kind (CharacterSession, WorkerPool, ...) |
 | flag_rollbacks_total | counter | pool, flag, reason | feature-flag rollbacks (a flag turned off after being on) |
 | build_info | gauge (=1) | version | present while the operator runs (absent-metric alerts key on it) |
+| reconcile_duration_seconds | histogram | handler | one run of a handler: `assign` (one session), `session_sweep` (all sessions of one pool), `release` (a delete, until the worker gave the lease back) |
+| queue_depth | gauge | queue, pool | work waiting in the control plane: `waiting_for_worker` (sessions Pending with no worker), `awaiting_end` (deleted sessions whose worker has not stopped yet), `status_writes` (sessions with a status patch not yet written; pool `all`) |
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 
 WORKER_STATES = ("idle", "busy", "starting", "draining")
 ASSIGNMENT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+RECONCILE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+HANDLERS = ("assign", "session_sweep", "release")
+QUEUES = ("waiting_for_worker", "awaiting_end", "status_writes")
 
 
 class OperatorMetrics:
@@ -59,6 +64,14 @@ class OperatorMetrics:
         self._rollbacks = Counter(
             "vivant_operator_flag_rollbacks", "Feature-flag rollbacks per pool and flag.",
             ["pool", "flag", "reason"], registry=r,
+        )
+        self._reconcile = Histogram(
+            "vivant_operator_reconcile_duration_seconds", "One run of a handler (assign, session_sweep, release).",
+            ["handler"], buckets=RECONCILE_BUCKETS, registry=r,
+        )
+        self._queue = Gauge(
+            "vivant_operator_queue_depth", "Work waiting in the control plane, per queue and pool.",
+            ["queue", "pool"], registry=r,
         )
         self._build = Gauge("vivant_operator_build_info", "1 while the operator runs.", ["version"], registry=r)
         self._build.labels(version=version).set(1)
@@ -108,6 +121,28 @@ class OperatorMetrics:
             self._desired.remove(p)
         except KeyError:
             pass
+        for queue in QUEUES:
+            try:
+                self._queue.remove(queue, p)
+            except KeyError:
+                pass
+
+    def observe_reconcile(self, handler: str, seconds: float) -> None:
+        if handler not in HANDLERS:
+            raise ValueError(f"handler: expected one of {', '.join(HANDLERS)}, got {handler!r}")
+        v = float(seconds)
+        if math.isnan(v) or math.isinf(v) or v < 0:
+            raise ValueError(f"seconds: expected a finite non-negative duration, got {seconds!r}")
+        self._reconcile.labels(handler=handler).observe(v)
+
+    def set_queue_depth(self, queue: str, pool: str, depth: int) -> None:
+        self._queue.labels(queue=_queue(queue), pool=_name("pool", pool)).set(_count("depth", depth))
+
+    def queue_change(self, queue: str, pool: str, delta: int) -> None:
+        """+1 when an item enters the queue, -1 when it leaves (for queues counted where they happen)."""
+        if delta not in (-1, 1):
+            raise ValueError(f"delta: expected +1 or -1, got {delta!r}")
+        self._queue.labels(queue=_queue(queue), pool=_name("pool", pool)).inc(delta)
 
     def reconcile_error(self, kind: str) -> None:
         self._errors.labels(kind=_name("kind", kind)).inc()
@@ -130,6 +165,12 @@ def serve(metrics_port: int, addr: str = "0.0.0.0", registry: CollectorRegistry 
 def _name(field: str, value: str) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError(f"{field}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def _queue(value: str) -> str:
+    if value not in QUEUES:
+        raise ValueError(f"queue: expected one of {', '.join(QUEUES)}, got {value!r}")
     return value
 
 

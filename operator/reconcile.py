@@ -38,7 +38,7 @@ from vivant.apis.livekit_token import LiveKitCredentials, avatar_identity, mint_
 from vivant.operator import builders as b
 from vivant.sessions.flags import FlagStore
 from vivant.sessions.models import Assignment, FlagSet, PoolCounts
-from vivant.sessions.registry import Registry
+from vivant.sessions.registry import Registry, SessionObservation
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,7 @@ class Outcome:
     retry_s: float | None = None
     rollback: tuple[str, str] | None = None  # (pool key, reason) when the fused path burned the SLO
     assigned_after_s: float | None = None  # created -> assigned, for the latency histogram
+    no_worker: bool = False  # the pool had no idle worker to claim
 
 
 def _parse_time(text: str | None) -> datetime | None:
@@ -199,10 +200,13 @@ def assign_session(
     worker = registry.claim_idle_worker(pool, ref.session_id)
     if worker is None:
         if pool_view is None:
-            return wait("NoIdleWorker" if waited > timeouts.pending_s else "WaitingForWorker",
-                        f"waiting for an idle worker in pool {spec.pool}")
-        reason, msg = why_no_worker(spec.pool, ref.namespace, pool_view(), registry.pool_counts(pool))
-        return wait(reason, msg, warn=reason not in ("WaitingForWorker", "NoIdleWorker"))
+            out = wait("NoIdleWorker" if waited > timeouts.pending_s else "WaitingForWorker",
+                       f"waiting for an idle worker in pool {spec.pool}")
+        else:
+            reason, msg = why_no_worker(spec.pool, ref.namespace, pool_view(), registry.pool_counts(pool))
+            out = wait(reason, msg, warn=reason not in ("WaitingForWorker", "NoIdleWorker"))
+        out.no_worker = True
+        return out
 
     try:
         if token is None:
@@ -224,7 +228,7 @@ def assign_session(
         registry.release(pool, worker, ref.session_id)  # nothing was sent: the worker is free again
         raise
     msg = f"assigned to worker {worker}"
-    info = registry.workers(pool).get(worker)
+    info = registry.worker_info(worker)  # this worker only: never the whole pool per assignment
     patch = b.session_phase_patch(
         status, r.SessionPhase.ASSIGNED, "WorkerAssigned", msg, now=now,
         worker=worker, node=(info.node or None) if info else None,
@@ -235,8 +239,10 @@ def assign_session(
 
 
 def _end(ref: SessionRef, pool: str, worker: str, registry: Registry, reason: str) -> None:
+    """Ask the worker to stop. The lease stays until the worker gives it back (`Registry.finish`, once it
+    has stopped streaming), so the worker is never handed a new session while it still streams this one;
+    `release_stale_lease` frees it if the worker does not within the grace time."""
     registry.send_end(worker, ref.session_id, reason)
-    registry.release(pool, worker, ref.session_id)
 
 
 def progress_session(
@@ -247,23 +253,28 @@ def progress_session(
     registry: Registry,
     timeouts: Timeouts,
     now: datetime,
+    observed: SessionObservation | None = None,
 ) -> Outcome:
-    """Assigned/Connecting/Streaming: mirror the worker's stats; fail on loss/timeouts; end at max duration."""
+    """Assigned/Connecting/Streaming: mirror the worker's stats; fail on loss/timeouts; end at max duration.
+
+    `observed`: what Redis holds about the session, read by the caller for many sessions at once
+    (`Registry.observe_sessions`); read here when not given."""
     phase = status.get("phase")
     worker = status.get("worker")
     if phase not in (r.SessionPhase.ASSIGNED, r.SessionPhase.CONNECTING, r.SessionPhase.STREAMING) or not worker:
         return Outcome()
     pool = r.pool_key(ref.namespace, spec.pool)
     sid = ref.session_id
+    obs = observed if observed is not None else registry.observe_sessions([sid])[sid]
 
-    lost = registry.lost_reason(sid)
+    lost = obs.lost
     if lost is not None:
         msg = f"worker {worker} lost: {lost}"
         registry.send_end(worker, sid, "WorkerLost")  # a worker that is in fact still streaming it stops
         return Outcome(status=b.session_phase_patch(status, r.SessionPhase.FAILED, "WorkerLost", msg, now=now),
                        events=[("Warning", "WorkerLost", msg)])
 
-    stats = registry.session_stats(sid)
+    stats = obs.stats
     fields: dict[str, Any] = {}
     new_phase = r.SessionPhase(phase)
     reason, message = "WorkerAssigned", f"assigned to worker {worker}"
@@ -287,7 +298,7 @@ def progress_session(
                 out.rollback = (pool, f"session {sid} reported a numerical fault on the fused path")
             elif stats.streamed_s >= r.SLO_MIN_STREAMED_SECONDS and stats.fps < r.SLO_MIN_FPS:
                 out.rollback = (pool, f"session {sid} averaged {stats.fps:.1f} fps < {r.SLO_MIN_FPS} on the fused path")
-    elif registry.worker_of(sid) is None and not registry.restore_lease(pool, worker, sid):
+    elif obs.holder is None and not registry.restore_lease(pool, worker, sid):
         # Redis lost the lease (restarted empty) and it cannot be rebuilt from this CR without a double
         # assignment: the worker holds another session now, or the session another worker.
         new_phase, reason = r.SessionPhase.FAILED, "LeaseLost"
@@ -315,25 +326,48 @@ def progress_session(
     return out
 
 
-def release_session(ref: SessionRef, spec: r.CharacterSessionSpec, status: dict[str, Any], *, registry: Registry,
-                    reason: str = "Deleted") -> bool:
-    """On delete: tell the worker to stop and free its lease. True if a lease was released.
+@dataclass(frozen=True)
+class Release:
+    """Where a deleted session's release stands. `done`: no lease is held for it any more (the finalizer
+    may go); `end_sent`: an end request went to the worker in this step; `forced`: the operator freed the
+    lease itself because the worker did not give it back within the grace time."""
 
-    The end request is sent whatever the phase: a session marked Failed may still be streaming on a worker
-    that outlived a Redis outage, and a worker that is not running it ignores the request."""
+    done: bool
+    end_sent: bool = False
+    forced: bool = False
+
+
+def release_session(ref: SessionRef, spec: r.CharacterSessionSpec, status: dict[str, Any], *, registry: Registry,
+                    end_sent_at: datetime | None, now: datetime, grace_s: float, reason: str = "Deleted") -> Release:
+    """On delete: ask the worker to stop, then wait until it has given the lease back.
+
+    The end request goes, the first time, to the worker the status names and to the lease's holder, whatever
+    the phase: a session marked Failed may still be streaming on a worker that outlived a Redis outage, and a
+    worker that is not running it ignores the request. The lease is freed by the worker itself once it has
+    stopped streaming (`Registry.finish`), so the slot is never handed to another session while this one still
+    streams. Call again until `done`, passing when the end request was sent (`end_sent_at`, None the first
+    time). A worker that has not given the lease back `grace_s` after the end request (hung; a dead one is
+    reaped sooner) has it freed by the operator (`forced`)."""
     pool = r.pool_key(ref.namespace, spec.pool)
     holder = registry.worker_of(ref.session_id)
-    released = False
-    for worker in dict.fromkeys(w for w in (status.get("worker"), holder) if w):
-        registry.send_end(worker, ref.session_id, reason)
-        released = registry.release(pool, worker, ref.session_id) or released
-    return released
+    if end_sent_at is None:
+        workers = list(dict.fromkeys(w for w in (status.get("worker"), holder) if w))
+        for worker in workers:
+            registry.send_end(worker, ref.session_id, reason)
+        return Release(done=holder is None, end_sent=bool(workers))
+    if holder is None:
+        return Release(done=True)
+    if (now - end_sent_at).total_seconds() >= grace_s:
+        registry.release(pool, holder, ref.session_id)
+        return Release(done=True, forced=True)
+    return Release(done=False)
 
 
 def release_orphan_leases(pool: str, registry: Registry, live_sessions: set[str]) -> list[tuple[str, str]]:
-    """Leases of `pool` whose session is not a live CharacterSession (deleted, or terminal) are ended and
-    freed: e.g. an end request lost with a Redis that restarted empty, then the lease rebuilt by the
-    streaming worker. `live_sessions`: ids (`namespace/name`) of the pool's non-terminal sessions.
+    """Leases of `pool` whose session is not a live CharacterSession (gone, or ended longer ago than the sweep's
+    grace window) are ended and freed: e.g. an end request lost with a Redis that restarted empty, then the
+    lease rebuilt by the streaming worker. `live_sessions`: ids (`namespace/name`) of the pool's sessions that
+    are not terminal or ended recently (session_sweep.recently_ended).
     Returns the (worker, session) pairs released."""
     out = []
     for worker, session in registry.leases(pool).items():
@@ -344,6 +378,16 @@ def release_orphan_leases(pool: str, registry: Registry, live_sessions: set[str]
                 log.warning("released worker %s of pool %s from session %s, which is gone or terminal", worker, pool,
                             session)
     return out
+
+
+def release_stale_lease(ref: SessionRef, spec: r.CharacterSessionSpec, status: dict[str, Any], *,
+                        holder: str | None, registry: Registry, now: datetime, grace_s: float) -> bool:
+    """A session the operator ended (connect timeout, max duration) whose worker still holds the lease
+    `grace_s` after the end: free it (the worker hung). True if a lease was freed."""
+    ended = _parse_time(status.get("endedAt"))
+    if holder is None or ended is None or (now - ended).total_seconds() < grace_s:
+        return False
+    return registry.release(r.pool_key(ref.namespace, spec.pool), holder, ref.session_id)
 
 
 def auto_rollback(flags: FlagStore, pool: str, reason: str) -> FlagSet | None:
@@ -387,17 +431,9 @@ def pool_scale(name: str, namespace: str, spec: r.WorkerPoolSpec, current: int, 
     """Read the pool's workers from Redis, plan, and mark the workers to be removed as draining."""
     pool = r.pool_key(namespace, name)
     registry.reap_dead_workers(pool)
-    idle_ids = set(registry.idle_workers(pool))
-    busy: set[int] = set()
-    idle: set[int] = set()
-    for wid in registry.workers(pool):
-        n = ordinal(wid, name)
-        if n is None:
-            continue
-        if registry.session_of(pool, wid) is not None:
-            busy.add(n)
-        elif wid in idle_ids:
-            idle.add(n)
+    leases = registry.leases(pool)  # one HGETALL and one SMEMBERS, whatever the pool's size
+    busy = {n for wid in leases if (n := ordinal(wid, name)) is not None}
+    idle = {n for wid in registry.idle_workers(pool) if wid not in leases and (n := ordinal(wid, name)) is not None}
     plan = plan_scale(current, busy, idle, spec.min_idle, spec.max_workers)
     if plan.drain:
         ids = [f"{name}-{i}" for i in plan.drain]
@@ -498,7 +534,7 @@ def roll_pool(name: str, namespace: str, pods: list[dict[str, Any]], sts: dict[s
     replicas = int((sts.get("spec") or {}).get("replicas") or 0)
     infos = registry.workers(pool)
     warm = {w for w, info in infos.items() if info.warm}
-    busy = {w for w in infos if registry.session_of(pool, w) is not None}
+    busy = set(registry.leases(pool))
     step = plan_roll(pods, update_revision, replicas, busy, warm)
     if step is None:
         return None

@@ -42,6 +42,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 import redis
@@ -68,6 +69,16 @@ MAX_BLOCK_S = 5.0  # longest single blocking inbox wait; keeps it under the clie
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SessionObservation:
+    """One session as Redis holds it: the worker's last report, why it lost its worker (if it did) and
+    the worker holding its lease now (None = no lease)."""
+
+    stats: SessionStats | None
+    lost: str | None
+    holder: str | None
 
 
 class RegistryUnavailable(RuntimeError):
@@ -377,6 +388,38 @@ class Registry:
     def session_of(self, pool: str, worker_id: str) -> str | None:
         """The session `worker_id` holds a lease for, if any."""
         return _s(self.redis.hget(self._k("pool", pool, "busy"), worker_id))
+
+    @guarded
+    def observe_sessions(self, session_ids: list[str]) -> dict[str, SessionObservation]:
+        """What Redis holds about many sessions, in one round trip of three commands (MGET stats, MGET
+        lost, HMGET holder), for a fleet-wide mirror that must not cost a round trip per session. A
+        malformed stats record reads as None (the worker's next report replaces it)."""
+        if not session_ids:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.mget([self._k("session", s, "stats") for s in session_ids])
+        pipe.mget([self._k("session", s, "lost") for s in session_ids])
+        pipe.hmget(self._k("session_worker"), session_ids)
+        stats, lost, holders = pipe.execute()
+        out = {}
+        for sid, raw, why, holder in zip(session_ids, stats, lost, holders, strict=True):
+            try:
+                parsed = None if raw is None else SessionStats.model_validate_json(raw)
+            except ValidationError:
+                parsed = None
+            out[sid] = SessionObservation(stats=parsed, lost=_s(why), holder=_s(holder))
+        return out
+
+    @guarded
+    def worker_info(self, worker_id: str) -> WorkerInfo | None:
+        """What one worker said about itself when it registered (one GET), None if it is not registered."""
+        raw = self.redis.get(self._k("worker", worker_id))
+        return None if raw is None else WorkerInfo.model_validate_json(raw)
+
+    @guarded
+    def leases(self, pool: str) -> dict[str, str]:
+        """The pool's leases, worker -> session (one HGETALL)."""
+        return {_s(w): _s(s) for w, s in self.redis.hgetall(self._k("pool", pool, "busy")).items()}
 
     @guarded
     def lost_reason(self, session_id: str) -> str | None:

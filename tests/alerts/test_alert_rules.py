@@ -115,6 +115,13 @@ MUTATIONS = [
     ("count by (pool) (vivant_worker_build_info)", "count by (pool) (vivant_worker_build_info{pod=\"x\"})"),
     ("\n          and vivant:sessions_fps_missed:ratio_rate5m", "\n          or vivant:sessions_fps_missed:ratio_rate5m"),
     ("\n          and vivant:sessions_fps_missed:ratio_rate30m", "\n          or vivant:sessions_fps_missed:ratio_rate30m"),
+    ('{handler=~"session_sweep|assign"} > 1', '{handler=~"session_sweep|assign"} > 1.25'),
+    ('{handler=~"session_sweep|assign"} > 1', '{handler=~"session_sweep|assign|release"} > 1'),
+    ("p99_rate10m > 2", "p99_rate10m > 2.5"),
+    ('{state="idle"})[10m:1m]) > 0', '{state="idle"})[10m:1m]) >= 0'),
+    ('{queue="waiting_for_worker"}) > 0', '{queue="waiting_for_worker"}) > 4'),
+    ('and on (pool) sum by (pool) (vivant_operator_pool_workers{state="idle"}) > 0',
+     'and on (pool) sum by (pool) (vivant_operator_pool_workers{state="idle"}) >= 0'),
 ]
 
 

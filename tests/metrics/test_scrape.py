@@ -72,6 +72,10 @@ def drive_operator(m: operator_metrics.OperatorMetrics) -> None:
     m.set_pool_workers(POOL, desired=3, idle=0, busy=2, starting=1)
     m.reconcile_error("WorkerPool")
     m.flag_rollback(POOL, "fusedGemmAllReduce", "numerical_fault")
+    for handler, seconds in (("assign", 0.004), ("session_sweep", 0.02), ("release", 0.3)):
+        m.observe_reconcile(handler, seconds)
+    m.set_queue_depth("waiting_for_worker", POOL, 2)
+    m.queue_change("awaiting_end", POOL, +1)
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +115,7 @@ def rule_expressions() -> list[tuple[str, str]]:
 
 def dashboard_expressions() -> list[tuple[str, str]]:
     dash = json.loads(DASHBOARD.read_text())
-    return [(p["title"], t["expr"]) for p in dash["panels"] for t in p["targets"]]
+    return [(p["title"], t["expr"]) for p in dash["panels"] for t in p.get("targets", [])]  # a row has none
 
 
 def problems(expr: str, samples: Samples) -> list[str]:

@@ -31,7 +31,7 @@ def _session_spec(**overrides: Any) -> dict[str, Any]:
 def test_malformed_session_is_marked_failed_naming_the_field(overrides: dict[str, Any], field: str) -> None:
     patch = kopf.Patch()
     with pytest.raises(kopf.PermanentError, match=field):
-        handlers.session_tick(body={}, spec=_session_spec(**overrides), meta={}, status={}, namespace="ns",
+        handlers.session_assign(body={}, spec=_session_spec(**overrides), meta={}, status={}, namespace="ns",
                               name="typo", uid="u-1", patch=patch, memo=kopf.Memo(), retry=0)
     status = patch["status"]
     assert status["phase"] == "Failed" and field in status["message"], status

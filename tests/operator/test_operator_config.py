@@ -23,10 +23,21 @@ def test_defaults_and_overrides():
     ({**GOOD, "VIVANT_CONNECT_TIMEOUT_S": "soon"}, "VIVANT_CONNECT_TIMEOUT_S"),
     ({**GOOD, "VIVANT_PENDING_TIMEOUT_S": "-5"}, "VIVANT_PENDING_TIMEOUT_S"),
     ({**GOOD, "VIVANT_OPERATOR_METRICS_PORT": "http"}, "VIVANT_OPERATOR_METRICS_PORT"),
+    ({**GOOD, "VIVANT_OPERATOR_PRIORITY": "high"}, "VIVANT_OPERATOR_PRIORITY"),
+    ({**GOOD, "VIVANT_PEERING_LIFETIME_S": "1"}, "VIVANT_PEERING_LIFETIME_S"),
 ])
 def test_bad_environment_names_the_variable(env, name):
     with pytest.raises(ValueError, match=name):
         OperatorConfig.from_env(env)
+
+
+def test_replicas_get_distinct_peering_priorities_from_their_pod_names():
+    a = OperatorConfig.from_env({**GOOD, "HOSTNAME": "vivant-operator-7d9c-abcde"})
+    b = OperatorConfig.from_env({**GOOD, "HOSTNAME": "vivant-operator-7d9c-fghij"})
+    assert a.peering_priority != b.peering_priority, "equal priorities would pause both replicas"
+    assert a.peering_priority == OperatorConfig.from_env({**GOOD, "HOSTNAME": "vivant-operator-7d9c-abcde"}).peering_priority
+    assert OperatorConfig.from_env({**GOOD, "VIVANT_OPERATOR_PRIORITY": "7"}).peering_priority == 7
+    assert a.peering_lifetime_s == 15
 
 
 def test_cli_refuses_to_start_without_redis(monkeypatch, capsys):

@@ -174,7 +174,7 @@ class TestProgress:
         assert assign(reg, name="bob").status["worker"] == "h200-0"
         reg.close()
 
-    def test_connect_timeout_ends_and_releases(self, registry):
+    def test_connect_timeout_ends_and_the_worker_gives_the_lease_back(self, registry):
         add_workers(registry, 1)
         status = assign(registry).status
         registry.next_message("h200-0", 0)
@@ -182,7 +182,23 @@ class TestProgress:
         assert out.status["phase"] == "Failed" and out.status["conditions"][0]["reason"] == "ConnectTimeout"
         end = registry.next_message("h200-0", 0)
         assert isinstance(end, EndRequest) and end.reason == "ConnectTimeout"
+        # the lease stays with the worker until it has stopped: nothing can claim it meanwhile
+        assert registry.worker_of("default/ada") == "h200-0" and assign(registry, name="bob").no_worker
+        assert registry.finish(POOL, "h200-0", "default/ada", "ConnectTimeout")
         assert registry.idle_workers(POOL) == ["h200-0"]
+
+    def test_a_hung_worker_loses_the_lease_after_the_grace_time(self, registry):
+        add_workers(registry, 1)
+        status = assign(registry).status
+        ended = progress(registry, status, T0 + timedelta(seconds=11)).status  # ConnectTimeout, endedAt = T0+11
+        ended_at = datetime.fromisoformat(ended["endedAt"].replace("Z", "+00:00"))
+        kw = dict(holder="h200-0", registry=registry, grace_s=15.0)
+        assert not rc.release_stale_lease(ref(), SPEC, ended, now=ended_at + timedelta(seconds=14), **kw)
+        assert registry.worker_of("default/ada") == "h200-0"
+        assert rc.release_stale_lease(ref(), SPEC, ended, now=ended_at + timedelta(seconds=15), **kw)
+        assert registry.idle_workers(POOL) == ["h200-0"]
+        assert not rc.release_stale_lease(ref(), SPEC, ended, now=ended_at + timedelta(seconds=16), holder=None,
+                                          registry=registry, grace_s=15.0)
 
     def test_max_duration_ends_the_session(self, registry):
         add_workers(registry, 1)
@@ -193,17 +209,37 @@ class TestProgress:
         assert out.status["phase"] == "Ended" and out.status["conditions"][0]["reason"] == "MaxDuration"
         assert out.status["endedAt"]
         assert isinstance(registry.next_message("h200-0", 0), EndRequest)
-        assert registry.idle_workers(POOL) == ["h200-0"]
+        assert registry.worker_of("default/ada") == "h200-0", "released by the worker once it has stopped"
 
-    def test_delete_tells_the_worker_and_releases(self, registry):
+    def test_delete_keeps_the_lease_until_the_worker_has_stopped(self, registry):
         add_workers(registry, 1)
         status = assign(registry).status
         registry.next_message("h200-0", 0)
-        assert rc.release_session(ref(), SPEC, status, registry=registry) is True
+        first = rc.release_session(ref(), SPEC, status, registry=registry, end_sent_at=None, now=T0, grace_s=15)
+        assert first == rc.Release(done=False, end_sent=True)
         end = registry.next_message("h200-0", 0)
-        assert isinstance(end, EndRequest) and end.session_id == "default/ada"
-        assert registry.idle_workers(POOL) == ["h200-0"]
-        assert rc.release_session(ref(), SPEC, status, registry=registry) is False, "second release must be a no-op"
+        assert isinstance(end, EndRequest) and end.session_id == "default/ada" and end.reason == "Deleted"
+        again = rc.release_session(ref(), SPEC, status, registry=registry, end_sent_at=T0,
+                                   now=T0 + timedelta(seconds=1), grace_s=15)
+        assert again == rc.Release(done=False) and registry.next_message("h200-0", 0) is None, "one end request"
+        assert assign(registry, name="bob").no_worker, "the streaming worker is not claimable"
+        registry.finish(POOL, "h200-0", "default/ada", "Deleted")  # the worker stopped and gave it back
+        done = rc.release_session(ref(), SPEC, status, registry=registry, end_sent_at=T0,
+                                  now=T0 + timedelta(seconds=2), grace_s=15)
+        assert done == rc.Release(done=True) and registry.idle_workers(POOL) == ["h200-0"]
+
+    def test_delete_frees_a_hung_workers_lease_after_the_grace_time(self, registry):
+        add_workers(registry, 1)
+        status = assign(registry).status
+        rc.release_session(ref(), SPEC, status, registry=registry, end_sent_at=None, now=T0, grace_s=15)
+        out = rc.release_session(ref(), SPEC, status, registry=registry, end_sent_at=T0,
+                                 now=T0 + timedelta(seconds=15), grace_s=15)
+        assert out == rc.Release(done=True, forced=True) and registry.idle_workers(POOL) == ["h200-0"]
+
+    def test_delete_of_a_session_without_a_lease_is_done_at_once(self, registry):
+        add_workers(registry, 1)
+        out = rc.release_session(ref(), SPEC, {}, registry=registry, end_sent_at=None, now=T0, grace_s=15)
+        assert out == rc.Release(done=True) and registry.next_message("h200-0", 0) is None
 
 
 class TestAutoRollback:

@@ -267,7 +267,9 @@ def test_deleting_a_terminal_session_stops_its_worker_which_then_serves_the_next
     with fleet.lock:  # the state the old LeaseLost decision left: Failed, worker still streaming
         status = fleet.sessions.pop("a")
         status["phase"] = "Failed"
-    rc.release_session(fleet.refs["a"], spec(), status, registry=fleet.registry)
+    step = rc.release_session(fleet.refs["a"], spec(), status, registry=fleet.registry, end_sent_at=None,
+                              now=datetime.now(tz=UTC), grace_s=15)
+    assert step.end_sent, step
     wait_for("the worker stops the deleted session", lambda: not fleet.streaming_on("a"), 10)
     fleet.add_session("d")
     assert streaming(fleet, ["d"]) == {"d": worker}

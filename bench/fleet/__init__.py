@@ -1,0 +1,1 @@
+"""`vivant bench fleet`: the control plane measured at fleet scale (see run.py)."""
