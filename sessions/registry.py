@@ -416,10 +416,6 @@ class Registry:
         raw = self.redis.get(self._k("worker", worker_id))
         return None if raw is None else WorkerInfo.model_validate_json(raw)
 
-    @guarded
-    def leases(self, pool: str) -> dict[str, str]:
-        """The pool's leases, worker -> session (one HGETALL)."""
-        return {_s(w): _s(s) for w, s in self.redis.hgetall(self._k("pool", pool, "busy")).items()}
 
     @guarded
     def lost_reason(self, session_id: str) -> str | None:
