@@ -83,8 +83,11 @@ sess = {k: load(f"session_ref_tp1_h200_{k}.json") for k in ("2026-12-01_before-w
 qual = load("quality_ref_cuda_h200_2026-12-02.json")
 u_ms = sorted(r["optimized_ms"] for r in u)
 sens = load("fp8_sensitivity_ref_cpu_2026-12-02.json")
-sens_rows = "\n".join(f"| {v['variant']} | {100 * v['max']:.1f} % | {100 * v['median']:.1f} % | {100 * v['last_quarter_mean']:.1f} % |"
-                      for v in sens["variants"])
+sens_gpu = load("fp8_sensitivity_ref_cuda_h200_2026-12-02.json")
+sens_rows = "\n".join(
+    f"| {v['variant']} | {100 * v['max']:.1f} % | {100 * v['median']:.1f} % | {100 * v['last_quarter_mean']:.1f} % | "
+    f"{100 * g['max']:.1f} % | {100 * g['median']:.1f} % | {100 * g['last_quarter_mean']:.1f} % |"
+    for v, g in zip(sens["variants"], sens_gpu["variants"], strict=True))
 wr = sens["weight_rounding_rel_rms"]
 wr_rows = "\n".join(f"| {k} | {100 * e['per_channel']:.2f} % | {100 * e['per_32_block']:.2f} % |" for k, e in wr.items())
 
@@ -206,31 +209,36 @@ latent relative RMS max **{100 * qual['latent_rel_rms_max']:.1f} %**, median {10
 (lip-sync drop ≤ 1 %, no drift) passes; the stricter goal of the open quality work (latent max ≤ 10 %, ≥ 38 dB)
 is not met. `quality_ref_cuda_h200_2026-12-02.json`.
 
-### Which FP8 rounding moves the trained model (CPU)
+### Which FP8 rounding moves the trained model
 
 ```
 python bench/fp8_sensitivity.py --seconds 20 --out bench/results/fp8_sensitivity_ref_cpu_2026-12-02.json
+STEPS=sensitivity SENSITIVITY_SECONDS=60 bash bench/run_gpu.sh $OUT   # the same with --device cuda
 ```
 
-On a CPU the FP8 parts run their float32 twins, which round to e4m3 exactly as the GPU kernels do (only the
-accumulation order differs): the served engine there scored latent max {100 * sens['variants'][2]['max']:.1f} % and median {100 * sens['variants'][2]['median']:.1f} %
-against the GPU's {100 * qual['latent_rel_rms_max']:.1f} % and {100 * float(np.median(qual['latent_rel_rms_per_chunk'])):.1f} % above. Each variant against the float32 model on a float cache, `ref`, the first
-{sens['chunks']} chunks of the held-out speech, same seed; torch {sens['torch']}, a 2-core x86 machine shared with other jobs, {sens['date']}:
+The served engine's parts undone one at a time (`bench/fp8_sensitivity.py`), each variant against the float32 model
+on a float cache, `ref`, held-out speech, same seed. On a CPU the FP8 parts run their float32 twins, which round to
+e4m3 exactly as the GPU kernels do (only the accumulation order differs, and the model runs in float32, not bf16):
+{sens['chunks']} chunks, torch {sens['torch']}, a 2-core x86 machine shared with other jobs. On the H200 they are the
+served engine's own parts (cuBLASLt FP8 GEMMs with fast accumulation, bf16 model, CUDA graphs): {sens_gpu['chunks']} chunks
+(60 s), torch {sens_gpu['torch']}; its "as served" row equals the quality gate's run above. Both {sens['date']}.
 
-| variant | latent rel RMS max | median | last quarter |
-|---|---|---|---|
+| variant | CPU max | CPU median | CPU last quarter | H200 max | H200 median | H200 last quarter |
+|---|---|---|---|---|---|---|
 {sens_rows}
 
 | e4m3 weight rounding, relative RMS | one scale per output channel (served) | one scale per 32 inputs |
 |---|---|---|
 {wr_rows}
 
-Reading: the weights' rounding is what moves the trained model. With all four projections' weights in float32
-(activations still FP8 rows, the FP8 ring kept) the error falls near the FP8 ring's own level
-({100 * sens['variants'][-1]['max']:.1f} % against {100 * sens['variants'][1]['max']:.1f} %); no single role alone gets there. A finer scale does not help: e4m3 keeps 3 mantissa bits, so rounding costs about 2.6 %
-per weight at any scale granularity (1×32 blocks: 2.4 %). What would: more mantissa bits for the weights
-(bf16 weights, or a two-term FP8 split: by the FP8-to-bf16 rate ratio about twice the GEMM time, not measured), or a checkpoint that
-is FP8-native (trained with the rounding in the loop). Not yet done.
+Reading: the weights' rounding is the largest single cause. With all four projections' weights in float32
+(activations still FP8 rows, the FP8 ring kept) the median falls from {100 * sens_gpu['variants'][2]['median']:.1f} % to {100 * sens_gpu['variants'][-1]['median']:.1f} % on the H200 and from
+{100 * sens['variants'][2]['median']:.1f} % to {100 * sens['variants'][-1]['median']:.1f} % on the CPU; on the H200 the worst chunk stays at {100 * sens_gpu['variants'][-1]['max']:.1f} % (the FP8 ring alone: {100 * sens_gpu['variants'][1]['max']:.1f} %),
+so the bf16 model, the FP8 activations and fast accumulation add to it there. No single role is enough. A finer
+scale does not help: e4m3 keeps 3 mantissa bits, so rounding costs about 2.6 % per weight at any scale granularity
+(1×32 blocks: 2.4 %). What would: more mantissa bits for the weights (bf16 weights, or a two-term FP8 split: by the
+FP8-to-bf16 rate ratio about twice the GEMM time, not measured), or a checkpoint that is FP8-native (trained with
+the rounding in the loop), and then the remaining activation and accumulation error. Not yet done.
 
 ## Earlier figures (2026-11-29, the engine before the unification)
 

@@ -1,6 +1,7 @@
 """Which FP8 part moves the trained `ref` model: the served engine's parts undone one at a time, on a CPU.
 
     python bench/fp8_sensitivity.py --seconds 10 --out bench/results/fp8_sensitivity_ref_cpu_<date>.json
+        [--device cuda]   (the served engine's own parts: cuBLASLt FP8 GEMMs, fast accumulation, CUDA graphs)
 
 On a CPU the FP8 parts run their float32 twins, which round weights, activations and the ring to e4m3 exactly
 as the GPU kernels do (kernels/fp8.py: RNE to e4m3 after the per-row or per-channel scale) and differ from
@@ -44,13 +45,13 @@ class DequantizedRowsLinear(nn.Module):
     """A projection fed FP8 rows (`Rows8`: q [M, K], scale [M]) that multiplies their dequantized values by float32
     weights [N, K]: the FP8 parts with this role's weight rounding removed and nothing else changed."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, out_dtype: torch.dtype) -> None:
         super().__init__()
-        self.weight = weight.float()
+        self.weight, self.out_dtype = weight.float(), out_dtype
         self.out_features, self.in_features = weight.shape
 
     def forward(self, rows) -> torch.Tensor:  # noqa: ANN001 (fast_parts.Rows8)
-        return (rows.q.float() * rows.scale[:, None]) @ self.weight.t()
+        return ((rows.q.float() * rows.scale[:, None]) @ self.weight.t()).to(self.out_dtype)
 
 
 def generate(gen: ChunkGenerator, audio: np.ndarray, chunks: int) -> torch.Tensor:
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=10.0, help="seconds of held-out speech")
     p.add_argument("--weights", default=None, help="directory with ref_dit.safetensors (default weights/ref)")
     p.add_argument("--wav", default=None, help="speech (default weights/ref/data/held_out.wav)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--out", required=True, help="the JSON result")
     args = p.parse_args(argv)
     if not args.seconds > 0:
@@ -106,17 +108,22 @@ def main(argv: list[str] | None = None) -> int:
     chunks = int(len(audio) // (cfg.audio_sample_rate * cfg.chunk_seconds))
     if chunks < 1:
         raise SystemExit(f"--seconds = {args.seconds}: shorter than one chunk ({cfg.chunk_seconds:.3f} s)")
+    dev = torch.device(args.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: CUDA is not available on this machine; expected --device cpu")
+    fp8_dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32  # the dtype the served engine runs in
     base = VideoDiT(cfg)
     load_weights(base, dit)
     base.eval()
-    ref = generate(ChunkGenerator(cfg, mode=CacheMode.BASELINE, fp8=False, model=copy.deepcopy(base)), audio, chunks)
+    ref = generate(ChunkGenerator(cfg, mode=CacheMode.BASELINE, fp8=False, device=dev, model=copy.deepcopy(base)),
+                   audio, chunks)
 
     def float_weights(roles, blocks=None):  # noqa: ANN001, ANN202
         def patch(m: VideoDiT) -> None:
             for i in (range(cfg.n_layers) if blocks is None else blocks):
                 for part, role in roles:
-                    w = getattr(getattr(base.blocks[i], part), role).weight.data
-                    setattr(getattr(m.blocks[i], part), role, DequantizedRowsLinear(w))
+                    w = getattr(getattr(base.blocks[i], part), role).weight.data.to(dev)
+                    setattr(getattr(m.blocks[i], part), role, DequantizedRowsLinear(w, fp8_dtype))
         return patch
 
     variants = [("float parts, float ring", False, False, None), ("float parts, FP8 ring", False, True, None),
@@ -127,17 +134,20 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, fp8_parts, fp8_ring, patch in variants:
         t0 = time.perf_counter()
-        eng = Engine.build(copy.deepcopy(base), EngineOptions.served("cpu") if fp8_parts else EngineOptions(),
-                           inplace=True)
+        dtype = fp8_dtype if fp8_parts else torch.float32
+        eng = Engine.build(copy.deepcopy(base).to(device=dev, dtype=dtype),
+                           EngineOptions.served(dev) if fp8_parts else EngineOptions(), inplace=True)
         if patch is not None:
-            patch(eng.model)
-        gen = ChunkGenerator(cfg, mode=CacheMode.OPTIMIZED, fp8=fp8_ring, engine=eng)
+            patch(eng.model)  # before the first pass: CUDA graphs capture the patched projections
+        gen = ChunkGenerator(cfg, mode=CacheMode.OPTIMIZED, fp8=fp8_ring, device=dev, dtype=dtype, engine=eng)
         rows.append({"variant": name, **summary(generate(gen, audio, chunks), ref),
                      "seconds": round(time.perf_counter() - t0, 1)})
         r = rows[-1]
         print(f"{name:36s} latent rel RMS max {100 * r['max']:5.1f} %  median {100 * r['median']:5.1f} %  "
               f"last quarter {100 * r['last_quarter_mean']:5.1f} %", flush=True)
-    result = {"bench": "fp8_sensitivity", "preset": "ref", "device": "cpu (float32 twins of the FP8 kernels)",
+    result = {"bench": "fp8_sensitivity", "preset": "ref",
+              "device": (torch.cuda.get_device_name(dev) + " (the served engine's FP8 parts)" if dev.type == "cuda"
+                         else "cpu (float32 twins of the FP8 kernels)"),
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "chunks": chunks,
               "speech": wav.name, "variants": rows, "weight_rounding_rel_rms": weight_rounding(base)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
