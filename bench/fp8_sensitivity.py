@@ -11,10 +11,13 @@ same seed and is compared with the float32 model on a float cache (the gate's re
 worker/quality/eval_cli.py): per-chunk latent relative RMS ‖x − ref‖ / ‖ref‖, reported as max, median and the
 last quarter's mean.
 
-Variants: the float parts on a float ring and on the FP8 ring; the FP8 parts as served; the FP8 parts with the
-weights of one projection role (qkv, o, gate_up, down) kept in float32 — the activations still arrive as FP8
-rows and are dequantized — and with all four kept. Also the weight rounding error alone per role: per output
-channel (served) against one scale per 32 input elements (a finer granularity).
+Variants: the float parts on a float ring and on the FP8 ring (float32, and in the served engine's dtype); the FP8
+parts as served; the FP8 parts with the weights of one projection role (qkv, o, gate_up, down) kept in float32 —
+the activations still arrive as FP8 rows and are dequantized — and with all four kept; and, to split what is left,
+the FP8 parts without fast accumulation and with the ring's read image written unquantized (the bf16 of the rotated
+K and V rows instead of the bf16 of their FP8 codes: what attention would read from a bf16 ring; at a position
+reset the rotated keys are still re-derived from the FP8 ring), alone and combined. Also the weight rounding error
+alone per role: per output channel (served) against one scale per 32 input elements (a finer granularity).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.engine import Engine
 from vivant.worker.model.generator import ChunkGenerator
 from vivant.worker.model.model import VideoDiT
-from vivant.worker.model.options import CacheMode, EngineOptions
+from vivant.worker.model.options import AttentionBackend, CacheMode, EngineOptions
 from vivant.worker.model.ref_model import ref_paths
 from vivant.worker.model.weights import load_weights
 from vivant.worker.quality.eval_cli import read_audio_at
@@ -52,6 +55,36 @@ class DequantizedRowsLinear(nn.Module):
 
     def forward(self, rows) -> torch.Tensor:  # noqa: ANN001 (fast_parts.Rows8)
         return ((rows.q.float() * rows.scale[:, None]) @ self.weight.t()).to(self.out_dtype)
+
+
+class UnquantizedImage:
+    """Wraps `KVCache.write_qkv` of one cache: after the served write (ring + image from FP8 codes), the chunk's
+    image rows are overwritten with the bf16 of the exact rotated K and the exact V (float32 math of the fused
+    kernel's twin), sink rows included. Study only: it isolates the ring's FP8 rounding from the rest of the
+    served path; the ring itself (and the keys re-derived at a position reset) stays FP8."""
+
+    def __init__(self, cache) -> None:  # noqa: ANN001 (KVCache)
+        self.cache, self.write = cache, cache.write_qkv
+        cache.write_qkv = self
+
+    def __call__(self, layer, qkv, q_weight, k_weight, eps):  # noqa: ANN001, ANN204
+        from vivant.kernels.qkv_ring import _rms, _rotate
+
+        c = self.cache
+        q_rot = self.write(layer, qkv, q_weight, k_weight, eps)
+        if c.k_image is None:
+            return q_rot
+        b, n, d = c.step, qkv.shape[0], q_weight.shape[0]
+        _, k, v = qkv.float().view(n, 3, c.heads, d).unbind(1)
+        k = _rms(k, k_weight.float(), eps)
+        rows = [(b.slots, _rotate(k, b.cos, b.sin), v)]
+        if b.writes_sink:
+            m = b.sink_slots.shape[0]
+            rows.append((b.sink_slots, _rotate(k[:m], b.sink_cos, b.sink_sin), v[:m]))
+        for slots, kr, vr in rows:
+            c.k_image[layer].index_copy_(0, slots, kr.to(c.k_image.dtype))
+            c.v_image[layer].index_copy_(0, slots, vr.to(c.v_image.dtype))
+        return q_rot
 
 
 def generate(gen: ChunkGenerator, audio: np.ndarray, chunks: int) -> torch.Tensor:
@@ -126,24 +159,41 @@ def main(argv: list[str] | None = None) -> int:
                     setattr(getattr(m.blocks[i], part), role, DequantizedRowsLinear(w, fp8_dtype))
         return patch
 
-    variants = [("float parts, float ring", False, False, None), ("float parts, FP8 ring", False, True, None),
-                ("FP8 parts (as served)", True, True, None)]
-    variants += [(f"FP8 parts, {role} weights float32", True, True, float_weights([(part, role)]))
+    served = EngineOptions.served(dev)
+    slow = served.replace(fast_accum=False)
+    # (name, options, FP8 ring, model dtype, weight patch, exact image)
+    variants = [("float parts, float ring", EngineOptions(), False, torch.float32, None, False),
+                ("float parts, FP8 ring", EngineOptions(), True, torch.float32, None, False)]
+    if fp8_dtype != torch.float32:
+        variants += [(f"float parts {str(fp8_dtype)[6:]}, float ring", EngineOptions(), False, fp8_dtype, None, False),
+                     (f"float parts {str(fp8_dtype)[6:]}, FP8 ring", EngineOptions(), True, fp8_dtype, None, False)]
+    variants += [("FP8 parts (as served)", served, True, fp8_dtype, None, False)]
+    variants += [(f"FP8 parts, {role} weights float32", served, True, fp8_dtype, float_weights([(part, role)]), False)
                  for part, role in ROLES]
-    variants += [("FP8 parts, all weights float32", True, True, float_weights(ROLES))]
+    variants += [("FP8 parts, all weights float32", served, True, fp8_dtype, float_weights(ROLES), False)]
+    if served.attention is AttentionBackend.IMAGE:
+        if served.fast_accum:
+            variants += [("FP8 parts, no fast accumulation", slow, True, fp8_dtype, None, False)]
+        variants += [("FP8 parts, image unquantized", served, True, fp8_dtype, None, True),
+                     ("FP8 parts, image unquantized, all weights float32", served, True, fp8_dtype, float_weights(ROLES),
+                      True)]
+        if served.fast_accum:
+            variants += [("FP8 parts, image unquantized, no fast accumulation", slow, True, fp8_dtype, None, True),
+                         ("FP8 parts, image unquantized, all weights float32, no fast accumulation", slow, True,
+                          fp8_dtype, float_weights(ROLES), True)]
     rows = []
-    for name, fp8_parts, fp8_ring, patch in variants:
+    for name, options, fp8_ring, dtype, patch, exact_image in variants:
         t0 = time.perf_counter()
-        dtype = fp8_dtype if fp8_parts else torch.float32
-        eng = Engine.build(copy.deepcopy(base).to(device=dev, dtype=dtype),
-                           EngineOptions.served(dev) if fp8_parts else EngineOptions(), inplace=True)
+        eng = Engine.build(copy.deepcopy(base).to(device=dev, dtype=dtype), options, inplace=True)
         if patch is not None:
             patch(eng.model)  # before the first pass: CUDA graphs capture the patched projections
         gen = ChunkGenerator(cfg, mode=CacheMode.OPTIMIZED, fp8=fp8_ring, device=dev, dtype=dtype, engine=eng)
+        if exact_image:
+            UnquantizedImage(gen.cache)
         rows.append({"variant": name, **summary(generate(gen, audio, chunks), ref),
                      "seconds": round(time.perf_counter() - t0, 1)})
         r = rows[-1]
-        print(f"{name:36s} latent rel RMS max {100 * r['max']:5.1f} %  median {100 * r['median']:5.1f} %  "
+        print(f"{name:72s} latent rel RMS max {100 * r['max']:5.1f} %  median {100 * r['median']:5.1f} %  "
               f"last quarter {100 * r['last_quarter_mean']:5.1f} %", flush=True)
     result = {"bench": "fp8_sensitivity", "preset": "ref",
               "device": (torch.cuda.get_device_name(dev) + " (the served engine's FP8 parts)" if dev.type == "cuda"
