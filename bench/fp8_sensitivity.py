@@ -16,7 +16,9 @@ parts as served; the FP8 parts with the weights of one projection role (qkv, o, 
 the activations still arrive as FP8 rows and are dequantized — and with all four kept; and, to split what is left,
 the FP8 parts without fast accumulation and with the ring's read image written unquantized (the bf16 of the rotated
 K and V rows instead of the bf16 of their FP8 codes: what attention would read from a bf16 ring; at a position
-reset the rotated keys are still re-derived from the FP8 ring), alone and combined. Also the weight rounding error
+reset the rotated keys are still re-derived from the FP8 ring), alone and combined; and the served option that
+makes this real, a bf16 ring (EngineOptions.ring = "bf16": the ring stores the rotated rows in bf16 and is itself
+the image attention reads). Also the weight rounding error
 alone per role: per output channel (served) against one scale per 32 input elements (a finer granularity).
 """
 
@@ -174,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     if served.attention is AttentionBackend.IMAGE:
         if served.fast_accum:
             variants += [("FP8 parts, no fast accumulation", slow, True, fp8_dtype, None, False)]
+        bf16 = served.replace(ring="bf16")
+        variants += [("FP8 parts, bf16 ring", bf16, False, fp8_dtype, None, False),
+                     ("FP8 parts, bf16 ring, all weights float32", bf16, False, fp8_dtype, float_weights(ROLES), False)]
         variants += [("FP8 parts, image unquantized", served, True, fp8_dtype, None, True),
                      ("FP8 parts, image unquantized, all weights float32", served, True, fp8_dtype, float_weights(ROLES),
                       True)]

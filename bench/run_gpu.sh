@@ -31,9 +31,9 @@ step() { case ",$STEPS," in *",$1,"*) ;; *) return 0;; esac; shift
 step tune "kernel sweeps, step variants, numerics probes" python3 bench/gpu_tune.py --out "$OUT/tune.json" \
     --parts ${TUNE_PARTS:-kernels,step,numerics}
 step smoke "smoke: tiny on cuda, the served engine (FP8 parts, CUDA graphs) vs the float parts" python3 bench/gpu_smoke.py
-step tests "gpu tests" python3 -m pytest -q -m gpu tests/kernels tests/stream/test_decode_gpu.py tests/core/test_warm_up.py -p no:cacheprovider
+step tests "gpu tests" python3 -m pytest -q -m gpu tests/kernels tests/stream/test_decode_gpu.py tests/core/test_warm_up.py ${GPU_TESTS:-} -p no:cacheprovider
 step tp4 "bench step 57b tp4 rank0" python3 -m vivant bench step --preset 57b --tp 4 --rank 0 --device ${SESSION_DEVICE:-cuda} \
-    --chunks 20 --warmup 8 --numerics-chunks ${NUMERICS_CHUNKS:-104} ${STEP_ARGS:-} --out "$OUT/step_57b_tp4_rank0.json"
+    --chunks 20 --warmup 8 --numerics-chunks ${NUMERICS_CHUNKS:-104} ${STEP_ARGS:-} --out "$OUT/step_57b_tp4_rank0${STEP_TAG:-}.json"
 step tp1 "bench step 57b tp1" python3 -m vivant bench step --preset 57b --tp 1 --device cuda --mode optimized \
     --chunks 20 --warmup 3 --out "$OUT/step_57b_tp1.json"
 step floor "amplification floor of the random 57b shard" python3 bench/gpu_floor.py --chunks 40 --out "$OUT/floor_57b_tp4_rank0.json"

@@ -13,7 +13,8 @@ writes each head row of the ring contiguously.
 Shapes: qkv [N, 3·H·D] (q heads | k heads | v heads, bf16/fp32, contiguous rows); q_weight, k_weight [D];
 cos, sin [N, D/2] float32 (adjacent-pair convention of vivant.kernels.rope); slots [N] int64 (distinct);
 ring k_cache, v_cache [S, H, D] float8_e4m3fn, k_scale, v_scale [S, H] float32, contiguous; images
-[S, H, D] bf16 (or None). Returns q_rot [N, H, D] in qkv's dtype.
+[S, H, D] bf16 (or None). Returns q_rot [N, H, D] in qkv's dtype. A bf16 ring (k_cache, v_cache bf16, no images:
+the ring is its own read image) stores the rotated k and v rows rounded to bf16, with scale 1.
 Per token: reads 3·H·D values, writes H·D (q_rot) + 2·H·D bytes (FP8) + 4·H·D bytes (images).
 
 FP8 rows follow vivant.kernels.fp8 (scale = max(amax, 1e-8)/448, IEEE division, round to nearest even; a
@@ -58,6 +59,10 @@ def qkv_ring_write_ref(qkv, q_weight, k_weight, cos, sin, slots, k_cache, v_cach
     q_rot = _rotate(_rms(q, q_weight.float(), eps), c, s)
     k_rot = _rotate(_rms(k, k_weight.float(), eps), c, s)
     for rows, cache, scale, image in ((k_rot, k_cache, k_scale, k_image), (v, v_cache, v_scale, v_image)):
+        if cache.dtype != FP8_DTYPE:
+            cache[slots] = rows.to(cache.dtype)
+            scale[slots] = 1.0
+            continue
         codes, sc = quantize_rows_ref(rows)
         cache.view(torch.uint8)[slots] = codes.view(torch.uint8)  # index_put on float8 is not implemented everywhere
         scale[slots] = sc
@@ -69,10 +74,19 @@ def qkv_ring_write_ref(qkv, q_weight, k_weight, cos, sin, slots, k_cache, v_cach
 if triton is not None:
 
     @triton.jit
-    def _fp8_head_rows(x, row_ptrs, scale_ptrs, img_ptrs, hm, IMAGE: tl.constexpr, HW_CAST: tl.constexpr):
+    def _fp8_head_rows(x, row_ptrs, scale_ptrs, img_ptrs, hm, IMAGE: tl.constexpr, HW_CAST: tl.constexpr,
+                       FP8: tl.constexpr = True):
         """Quantize [BLOCK_H, D] float32 rows (one scale per head row), store codes, scales and the image.
         HW_CAST: x·(1/scale) and the hardware e4m3 / bf16 conversions (compiled GPU code); otherwise the
-        twin's IEEE division and float32 grid rounding (the interpreter's own casts are wrong)."""
+        twin's IEEE division and float32 grid rounding (the interpreter's own casts are wrong).
+        FP8 off (a bf16 ring): store the rows in the ring's dtype with scale 1 (round to nearest even)."""
+        if not FP8:
+            tl.store(scale_ptrs, tl.full(hm.shape, 1.0, tl.float32), mask=hm)
+            if HW_CAST:
+                tl.store(row_ptrs, x.to(row_ptrs.dtype.element_ty), mask=hm[:, None])
+            else:
+                tl.store(row_ptrs, bf16_grid_tl(x).to(row_ptrs.dtype.element_ty), mask=hm[:, None])
+            return
         amax = tl.max(tl.abs(x), axis=1)
         nans = tl.sum((x != x).to(tl.int32), axis=1)
         amax = tl.where(nans > 0, float("nan"), tl.maximum(amax, 1e-8))
@@ -94,7 +108,8 @@ if triton is not None:
     @triton.jit
     def _qkv_ring_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, slot_ptr, q_out, kc_ptr, vc_ptr, ks_ptr, vs_ptr,
                          ki_ptr, vi_ptr, stride_tok, H, eps, D: tl.constexpr, BLOCK_H: tl.constexpr,
-                         IMAGE: tl.constexpr, HW_CAST: tl.constexpr, PDL: tl.constexpr = False):
+                         IMAGE: tl.constexpr, HW_CAST: tl.constexpr, PDL: tl.constexpr = False,
+                         FP8: tl.constexpr = True):
         if PDL:  # programmatic dependent launch: nothing is read or written before the predecessor is done
             gdc_wait()
         tok = tl.program_id(0)
@@ -116,8 +131,8 @@ if triton is not None:
         tl.store(q_out + tok * H * D + offs, q_rot.to(q_out.dtype.element_ty), mask=hm[:, None])
         k_rot = rope_pairs_tl(rms_heads_tl(k, kw, D, eps), c, s, BLOCK_H, D)
         ring = slot * H * D + offs  # [S, H, D] contiguous: the slot's H·D values are one run
-        _fp8_head_rows(k_rot, kc_ptr + ring, ks_ptr + slot * H + hh, ki_ptr + ring, hm, IMAGE, HW_CAST)
-        _fp8_head_rows(v, vc_ptr + ring, vs_ptr + slot * H + hh, vi_ptr + ring, hm, IMAGE, HW_CAST)
+        _fp8_head_rows(k_rot, kc_ptr + ring, ks_ptr + slot * H + hh, ki_ptr + ring, hm, IMAGE, HW_CAST, FP8)
+        _fp8_head_rows(v, vc_ptr + ring, vs_ptr + slot * H + hh, vi_ptr + ring, hm, IMAGE, HW_CAST, FP8)
 
 
 def _check(qkv, q_weight, k_weight, cos, sin, slots, k_cache, v_cache, k_scale, v_scale, heads, k_image, v_image):
@@ -131,8 +146,11 @@ def _check(qkv, q_weight, k_weight, cos, sin, slots, k_cache, v_cache, k_scale, 
                          f"{tuple(qkv.shape)} strides {tuple(qkv.stride())}")
     if cos.shape != (n, d // 2) or sin.shape != (n, d // 2):
         raise ValueError(f"qkv_ring_write: cos/sin must be [{n}, {d // 2}], got {tuple(cos.shape)}/{tuple(sin.shape)}")
-    if k_cache.dtype != FP8_DTYPE or v_cache.dtype != FP8_DTYPE:
-        raise TypeError(f"qkv_ring_write: the ring must be {FP8_DTYPE}, got {k_cache.dtype}/{v_cache.dtype}")
+    if k_cache.dtype not in (FP8_DTYPE, torch.bfloat16) or v_cache.dtype != k_cache.dtype:
+        raise TypeError(f"qkv_ring_write: the ring must be {FP8_DTYPE} or torch.bfloat16 (both alike), got "
+                        f"{k_cache.dtype}/{v_cache.dtype}")
+    if k_cache.dtype != FP8_DTYPE and k_image is not None:
+        raise ValueError("qkv_ring_write: a bf16 ring is its own read image: pass no k_image/v_image")
     check_cache(k_cache, v_cache, k_scale, v_scale)  # shapes, dtypes, devices of the ring (as write_kv checks)
     if k_cache.shape[1:] != (heads, d):
         raise ValueError(f"qkv_ring_write: k_cache must be [S, {heads}, {d}], got {tuple(k_cache.shape)}")
@@ -153,7 +171,7 @@ def qkv_ring_write(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Te
                    k_scale: torch.Tensor, v_scale: torch.Tensor, heads: int, eps: float = 1e-6, *,
                    k_image: torch.Tensor | None = None, v_image: torch.Tensor | None = None,
                    backend: str = "auto", exact_rounding: bool = False, pdl: bool = False) -> torch.Tensor:
-    """Normalize and rotate q and k, write k and v into the FP8 ring at `slots` (and the image); returns q_rot.
+    """Normalize and rotate q and k, write k and v into the ring at `slots` (FP8 and the image, or bf16); returns q_rot.
     exact_rounding: on a GPU, quantize with the twin's IEEE division + grid rounding instead of x·(1/scale) and
     the hardware conversion (codes then differ by at most one e4m3 step, where the two straddle a midpoint).
     pdl: programmatic dependent launch on a Hopper GPU (vivant.kernels.backend.pdl_launch); ignored elsewhere."""
@@ -176,5 +194,6 @@ def qkv_ring_write(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Te
     _qkv_ring_kernel[(n,)](qkv, q_weight, k_weight, cos.contiguous().float(), sin.contiguous().float(), slots, q_out,
                            k_cache, v_cache, k_scale, v_scale, ki, vi, qkv.stride(0), heads, eps, D=d,
                            BLOCK_H=triton.next_power_of_2(heads), IMAGE=image,
-                           HW_CAST=qkv.is_cuda and not exact_rounding, num_warps=4, **extra)
+                           HW_CAST=qkv.is_cuda and not exact_rounding, FP8=k_cache.dtype == FP8_DTYPE, num_warps=4,
+                           **extra)
     return q_out

@@ -5,7 +5,7 @@ tokens scattered into a 90-slot ring; bf16 and float32 QKV; a QKV that is a colu
 and a long case. Checked: q_rot (relative RMS / max error), the ring's FP8 codes (at most one e4m3 ulp on a
 small fraction: in-kernel and torch float32 arithmetic may differ in the last bit) and scales, the image
 (exactly bf16(fp8 · scale) of what the kernel wrote), slots outside `slots` untouched, NaN rows, and bad input
-named by field. The twin is checked against the three kernels it replaces (q/k-norm + RoPE, ring write with
+named by field. A bf16 ring (its own read image): the rows are bf16 of the twin's exact rotated k and v, scale 1. The twin is checked against the three kernels it replaces (q/k-norm + RoPE, ring write with
 RoPE at the positions, image refresh). GPU tests (marked ``gpu``) run the 57b shape: 757 tokens, 16 heads × 128.
 """
 
@@ -60,7 +60,7 @@ def make(c: Case, seed: int, device="cpu"):
 
 
 def run(fn, args, ring, c, **kw):
-    r = {k: v.clone() for k, v in ring.items()}
+    r = {k: (v.clone() if v is not None else None) for k, v in ring.items()}
     q = fn(*args, r["k_cache"], r["v_cache"], r["k_scale"], r["v_scale"], c.h, k_image=r["k_image"],
            v_image=r["v_image"], **kw)
     return q, r
@@ -92,6 +92,55 @@ def test_triton_matches_twin(case):
         for part in ("cache", "scale", "image"):
             t = r_t[f"{x}_{part}"][untouched]
             assert torch.equal(t, ring[f"{x}_{part}"][untouched]), f"{x}_{part}: a slot outside `slots` was written"
+
+
+def bf16_ring(ring: dict) -> dict:
+    """The same ring stored in bf16 (no FP8 codes, no separate image)."""
+    return {"k_cache": ring["k_image"].clone(), "v_cache": ring["v_image"].clone(), "k_scale": ring["k_scale"].clone(),
+            "v_scale": ring["v_scale"].clone(), "k_image": None, "v_image": None}
+
+
+def exact_rows(args, c: Case) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotated k and the v rows [N, H, D] in float32, before any rounding (the twin's arithmetic)."""
+    qkv, qw, kw, cos, sin, _ = args
+    r = {"k_cache": torch.zeros(c.s, c.h, c.d), "v_cache": torch.zeros(c.s, c.h, c.d),
+         "k_scale": torch.zeros(c.s, c.h), "v_scale": torch.zeros(c.s, c.h), "k_image": None, "v_image": None}
+    qkv_ring_write_ref(*args, r["k_cache"], r["v_cache"], r["k_scale"], r["v_scale"], c.h)
+    return r["k_cache"][args[5]], r["v_cache"][args[5]]
+
+
+@pytest.mark.parametrize("case", [CASES["odd_h3_d16_bf16"], CASES["long"]], ids=["odd_h3_d16_bf16", "long"])
+@needs_triton_cpu
+def test_bf16_ring_holds_the_exact_rows_rounded_once(case):
+    args, ring, _ = make(case, seed=case.n + 5)
+    ring = bf16_ring(ring)
+    q_t, r_t = run(qkv_ring_write, args, ring, case, backend="triton")
+    q_r, r_r = run(qkv_ring_write_ref, args, ring, case)
+    assert_close(q_t.float(), q_r.float(), rel_rms=8e-3, max_abs=8e-3 * 8 * q_r.float().abs().max().item(),
+                 what="q_rot (bf16 ring)")
+    slots = args[5]
+    k_exact, v_exact = exact_rows(args, case)
+    for x, exact in (("k", k_exact), ("v", v_exact)):
+        want = exact.to(torch.bfloat16)
+        for name, r in (("triton", r_t), ("twin", r_r)):
+            got = r[f"{x}_cache"][slots]
+            bad = int((got != want).sum())  # the kernel's float32 norm/rotation may differ in the last bit
+            assert bad <= 2e-3 * want.numel(), f"{name}: {bad} of {want.numel()} {x} rows differ from bf16(exact)"
+            assert_close(got.float(), exact, rel_rms=4e-3, max_abs=0.02 * exact.abs().max().item(),
+                         what=f"{name} {x} bf16 ring vs exact")
+            assert torch.all(r[f"{x}_scale"][slots] == 1.0), f"{name}: a bf16 ring's written rows must have scale 1"
+        untouched = torch.ones(case.s, dtype=torch.bool)
+        untouched[slots] = False
+        assert torch.equal(r_t[f"{x}_cache"][untouched], ring[f"{x}_cache"][untouched]), f"{x}: a slot outside `slots` was written"
+
+
+def test_bf16_ring_refuses_a_separate_image():
+    c = CASES["odd_h3_d16_bf16"]
+    args, ring, _ = make(c, seed=2)
+    r = bf16_ring(ring)
+    with pytest.raises(ValueError, match="a bf16 ring is its own read image"):
+        qkv_ring_write(*args, r["k_cache"], r["v_cache"], r["k_scale"], r["v_scale"], c.h, k_image=ring["k_image"],
+                       v_image=ring["v_image"])
 
 
 def test_twin_equals_the_three_kernel_path():
@@ -160,3 +209,17 @@ def test_gpu_57b_matches_twin():
     q_r, r_r = run(qkv_ring_write_ref, args, ring, c)
     assert_close(q_t.float(), q_r.float(), rel_rms=8e-3, max_abs=0.1, what="q_rot 57b")
     check_written_rows(r_t, r_r, args[5], " 57b")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_57b_bf16_ring_matches_twin():
+    c = Case(n=757, h=16, d=128, s=5788)
+    args, ring, _ = make(c, seed=22, device="cuda")
+    ring = bf16_ring(ring)
+    q_t, r_t = run(qkv_ring_write, args, ring, c)
+    q_r, r_r = run(qkv_ring_write_ref, args, ring, c)
+    assert_close(q_t.float(), q_r.float(), rel_rms=8e-3, max_abs=0.1, what="q_rot 57b (bf16 ring)")
+    for x in ("k", "v"):
+        got, want = r_t[f"{x}_cache"][args[5]].float(), r_r[f"{x}_cache"][args[5]].float()
+        assert_close(got, want, rel_rms=4e-3, max_abs=0.05 * want.abs().max().item(), what=f"{x} bf16 ring 57b")

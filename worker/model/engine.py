@@ -27,6 +27,7 @@ from vivant.worker.model.options import (
     CacheMode,
     EngineName,
     EngineOptions,
+    RingFormat,
     RowParallelPath,
     engine_options,
     parse_choice,
@@ -91,8 +92,10 @@ class Engine:
             self.eager_calls += 1
             return self.model(latents, sigma, feats, cache)
         if cache.mode is CacheMode.OPTIMIZED:
-            if not cache.fp8:
-                raise ValueError("the FP8 parts read an FP8 ring: KVCache(fp8=True) with the optimized mode")
+            want = torch.float8_e4m3fn if self.options.ring is RingFormat.FP8 else torch.bfloat16
+            if cache.k.dtype != want:
+                raise ValueError(f"the FP8 parts with ring = {self.options.ring.value!r} read a {want} ring, got a "
+                                 f"{cache.k.dtype} one (KVCache(fp8=...) / EngineOptions.ring)")
             if self.options.attention is AttentionBackend.IMAGE:
                 cache.enable_read_image(torch.bfloat16)  # the FP8 GEMMs write bf16 q, k, v
         mods, final = self._modulation(sigma)

@@ -24,7 +24,7 @@ from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.engine import Engine
 from vivant.worker.model.kv_cache import KVCache, StepState
 from vivant.worker.model.model import VideoDiT, init_random_
-from vivant.worker.model.options import CacheMode, EngineOptions, RowParallelPath, parse_choice
+from vivant.worker.model.options import CacheMode, EngineOptions, RingFormat, RowParallelPath, parse_choice
 from vivant.worker.model.positions import PositionFrame, RingLayout, chunk_positions, sink_positions
 from vivant.worker.model.weights import load_weights
 
@@ -85,8 +85,12 @@ class ChunkGenerator:
         if self.cache is not None:  # a warm worker keeps its preallocated cache across sessions
             self.cache.clear()
             return
+        # the FP8 parts with a bf16 ring (EngineOptions.ring) store bf16 rows; otherwise `fp8` picks FP8 or float32
+        opts = self.engine.options
+        bf16_ring = opts.fp8 and opts.ring is RingFormat.BF16 and self.mode is CacheMode.OPTIMIZED
         self.cache = KVCache(layers=cfg.n_layers, heads=self.local_heads, head_dim=cfg.head_dim, layout=self.layout,
-                             rope_dims=cfg.rope_dims, rope_theta=cfg.rope_theta, mode=self.mode, fp8=self.fp8,
+                             rope_dims=cfg.rope_dims, rope_theta=cfg.rope_theta, mode=self.mode,
+                             fp8=self.fp8 and not bf16_ring, store_dtype=torch.bfloat16 if bf16_ring else torch.float32,
                              device=self.device, kernel_backend=self.kernel_backend)
 
     @torch.no_grad()

@@ -111,10 +111,13 @@ class KVCache:
     def enable_read_image(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Allocate (once) the ring's read image [L, S, H, D] in `dtype`, filled from the ring as it is now;
         from then on every write, delta rotation and clear refreshes it where the ring changes
-        (vivant.kernels.ring_image). Returns (k_image, v_image)."""
+        (vivant.kernels.ring_image). A ring stored in `dtype` itself (a bf16 ring) is its own image: the image
+        tensors are the ring's, and nothing is refreshed. Returns (k_image, v_image)."""
         if self.mode is not CacheMode.OPTIMIZED:
             raise ValueError("KVCache: the read image mirrors the ring (mode='optimized'), not the baseline cache")
-        if self.k_image is None:
+        if self.k_image is None and self.k.dtype == dtype:
+            self.k_image, self.v_image = self.k, self.v
+        elif self.k_image is None:
             self.k_image = torch.empty(self.k.shape, dtype=dtype, device=self.device)
             self.v_image = torch.empty(self.v.shape, dtype=dtype, device=self.device)
             for layer in range(self.layers):
@@ -125,8 +128,9 @@ class KVCache:
         return self.k_image, self.v_image
 
     def refresh_image(self, layer: int, slots: torch.Tensor, *, keys_only: bool = False) -> None:
-        """Re-derive the read image at `slots` of `layer` from the ring (no-op without an image)."""
-        if self.k_image is None:
+        """Re-derive the read image at `slots` of `layer` from the ring (no-op without an image, or when the ring
+        is its own image)."""
+        if self.k_image is None or self.k_image is self.k:
             return
         dequant_slots(self.k[layer], self.k_scale[layer], slots, self.k_image[layer], backend=self.backend)
         if not keys_only:
@@ -194,7 +198,8 @@ class KVCache:
         b = self.step
         if self.state is None or b is None:
             raise RuntimeError("KVCache.write_qkv called outside begin_chunk/end_chunk (optimized mode)")
-        img = (self.k_image[layer], self.v_image[layer]) if self.k_image is not None else (None, None)
+        separate = self.k_image is not None and self.k_image is not self.k
+        img = (self.k_image[layer], self.v_image[layer]) if separate else (None, None)
         ring = (self.k[layer], self.v[layer], self.k_scale[layer], self.v_scale[layer])
         q_rot = qkv_ring_write(qkv, q_weight, k_weight, b.cos, b.sin, b.slots, *ring, self.heads, eps=eps,
                                k_image=img[0], v_image=img[1], backend=self.backend)

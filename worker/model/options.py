@@ -19,6 +19,9 @@ Names (StrEnum, so they compare equal to the strings the CLI, Redis and Promethe
   EngineName       `vivant worker --engine`: model (float parts: the reference forward) | fast (FP8 parts,
                    read-image attention, CUDA graphs on a GPU) | auto (fast on CUDA with the optimized cache,
                    else model)
+  RingFormat       what the FP8 parts' ring stores: fp8 (e4m3 codes with one scale per (slot, head) row, plus the
+                   bf16 read image attention reads) | bf16 (the rotated K and V rows in bf16: the ring is its own read
+                   image — no FP8 rounding of K/V, two bytes per value instead of three, for image attention)
   RowParallelPath  `vivant_worker_kernel_path_info{path}`: the O/down step in effect — fused_gemm_all_reduce,
                    gemm_then_all_reduce, or no_tp (nothing to fuse: TP = 1 or the one-GPU stand-in reduce)
 """
@@ -50,6 +53,11 @@ class EngineName(StrEnum):
     MODEL = "model"
 
 
+class RingFormat(StrEnum):
+    FP8 = "fp8"
+    BF16 = "bf16"
+
+
 class RowParallelPath(StrEnum):
     FUSED = "fused_gemm_all_reduce"
     UNFUSED = "gemm_then_all_reduce"
@@ -77,6 +85,7 @@ class EngineOptions:
                 (`auto_kv_splits`: enough parts to fill the GPU; 1 on a CPU).
     fast_accum  cuBLASLt FP8 fast accumulation in the four GEMMs (GPU only; the CPU twin ignores it).
     cuda_graphs every pass after chunk 0 replayed from a captured CUDA graph (needs fp8 and a CUDA device).
+    ring        the FP8 parts' ring storage (RingFormat); bf16 needs attention "image" (the ring is the image).
     """
 
     fp8: bool = False
@@ -84,15 +93,21 @@ class EngineOptions:
     kv_splits: int | Literal["auto"] = 1
     fast_accum: bool = False
     cuda_graphs: bool = False
+    ring: RingFormat = RingFormat.FP8
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attention", parse_choice(AttentionBackend, self.attention, "EngineOptions.attention"))
+        object.__setattr__(self, "ring", parse_choice(RingFormat, self.ring, "EngineOptions.ring"))
         for name in ("fp8", "fast_accum", "cuda_graphs"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineOptions.{name} = {getattr(self, name)!r}; expected True or False")
         k = self.kv_splits
         if k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ValueError(f"EngineOptions.kv_splits = {k!r}; expected an int >= 1 or 'auto'")
+        if self.ring is RingFormat.BF16 and not (self.fp8 and self.attention is AttentionBackend.IMAGE):
+            raise ValueError("EngineOptions.ring = 'bf16' needs fp8=True and attention = 'image' (a bf16 ring is the "
+                             "read image the FP8 parts' attention reads; the float parts choose their ring by "
+                             "KVCache(fp8=...))")
         if not self.fp8:
             if self.attention is not AttentionBackend.TORCH:
                 raise ValueError(f"EngineOptions.attention = {self.attention.value!r} needs fp8=True (the float parts "
