@@ -20,13 +20,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name, module in BENCHES.items():
         try:
             mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
+        except ImportError as exc:
+            if exc.name == module:
+                continue  # not part of this install
+            if (exc.name or "").startswith("vivant"):
+                raise  # our own code is broken: say so, do not hide it
+            # a dependency this machine lacks (e.g. the LiveKit SDK on a GPU machine): the other benches still run
+            p = sub.add_parser(name, help=f"(unavailable here: {exc})")
+            p.set_defaults(_bench_run=_unavailable(name, exc))
             continue
         p = sub.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
         mod.add_arguments(p)
         p.set_defaults(_bench_run=mod.run)
+
+
+def _unavailable(name: str, exc: ImportError):
+    def run(args: argparse.Namespace) -> int:
+        raise SystemExit(f"vivant bench {name}: unavailable on this machine: {exc} (install the project's extras)")
+    return run
 
 
 def run(args: argparse.Namespace) -> int:
