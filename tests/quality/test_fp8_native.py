@@ -1,19 +1,22 @@
 """`vivant train fp8-native` (worker/train/fp8_native.py): the ref DiT's projection weights put on the served FP8
 grid. Checked: every rounded row re-quantizes to itself (the served FP8 GEMM then multiplies exactly the float32
 model's weights), the rest of the checkpoint is untouched, the change is the e4m3 rounding (≈ 2.6 % RMS), the
-record lands in train_log.json and the checksum is recorded; a missing source is named."""
+record lands in train_log.json and the checksum is recorded; the shipped ref checkpoint is already FP8-native (the
+tool changes nothing there); a missing source is named. The source here is a random-weight `ref` DiT, so the
+rounding has something to do."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
 from vivant.kernels.fp8_gemm import quantize_weight
 from vivant.worker.model.config import ModelConfig
-from vivant.worker.model.model import VideoDiT
+from vivant.worker.model.model import VideoDiT, init_random_
 from vivant.worker.model.ref_model import DIT_FILE, VAE_FILE, default_weights_dir
-from vivant.worker.model.weights import load_weights
+from vivant.worker.model.weights import load_weights, save_weights
 from vivant.worker.train import cli
 from vivant.worker.train.fp8_native import ROLES, write_fp8_native
 
@@ -25,15 +28,23 @@ def _load(path):
 
 
 @pytest.fixture(scope="module")
-def native(tmp_path_factory):
+def source(tmp_path_factory):
+    src = tmp_path_factory.mktemp("ref_random")
+    save_weights(init_random_(VideoDiT(ModelConfig.from_name("ref")), seed=3), src / DIT_FILE)
+    shutil.copyfile(default_weights_dir() / VAE_FILE, src / VAE_FILE)
+    return src
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory, source):
     out = tmp_path_factory.mktemp("ref8")
-    record = write_fp8_native(default_weights_dir(), out)
+    record = write_fp8_native(source, out)
     return out, record
 
 
-def test_projection_weights_are_on_the_served_grid_and_nothing_else_moved(native):
+def test_projection_weights_are_on_the_served_grid_and_nothing_else_moved(native, source):
     out, record = native
-    old, new = _load(default_weights_dir() / DIT_FILE), _load(out / DIT_FILE)
+    old, new = _load(source / DIT_FILE), _load(out / DIT_FILE)
     roles = {f"blocks.{i}.{part}.{role}.weight" for i in range(len(new.blocks)) for part, role in ROLES}
     for name, w in new.state_dict().items():
         if name in roles:
@@ -62,6 +73,12 @@ def test_the_served_fp8_weights_equal_the_float_model(native):
             f8 = getattr(getattr(fblk, part), role)
             w = getattr(getattr(blk, part), role).weight.float()
             assert torch.equal(f8.w8.float() * f8.sw[:, None], w), f"{part}.{role}: served weight != float weight"
+
+
+def test_the_shipped_ref_checkpoint_is_fp8_native(tmp_path):
+    record = write_fp8_native(default_weights_dir(), tmp_path)
+    assert all(v == 0 for v in record["weight_change_rel_rms"].values()), \
+        f"weights/ref is not FP8-native: rounding it again changed {record['weight_change_rel_rms']}"
 
 
 def test_a_missing_source_is_named(tmp_path):
