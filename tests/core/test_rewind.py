@@ -5,7 +5,7 @@ session that had silence up to r − 1 and the same speech from r: the noise is 
 cache and the position frame restored exactly the latents are bit-identical (torch.equal: the same float32 ops on
 the same inputs in the same order; no tolerance is needed and none is allowed). Checked for the float parts on the
 ring, the FP8 parts' CPU twins (EngineOptions.served("cpu"), with and without the read image) and the baseline
-cache, across a position reset, to chunks 1 and 0, after `reset_session`, and the refusals."""
+cache and the bf16 ring (its own read image), across a position reset, to chunks 1 and 0, after `reset_session`, and the refusals."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.engine import Engine
 from vivant.worker.model.generator import ChunkGenerator
 from vivant.worker.model.model import VideoDiT, init_random_
-from vivant.worker.model.options import EngineOptions
+from vivant.worker.model.options import AttentionBackend, EngineOptions
 
 CFG = ModelConfig.from_name("tiny")  # W = 3, t_limit = 12: a position reset before chunk 12
 
@@ -40,6 +40,8 @@ VARIANTS = {
     "float-ring": dict(options=EngineOptions(), mode="optimized", fp8=False, image=False),
     "fp8-served": dict(options=EngineOptions.served("cpu"), mode="optimized", fp8=True, image=False),
     "fp8-image": dict(options=EngineOptions.served("cpu"), mode="optimized", fp8=True, image=True),
+    "bf16-ring": dict(options=EngineOptions(fp8=True, attention=AttentionBackend.IMAGE, ring="bf16"),
+                      mode="optimized", fp8=True, image=False),  # the ring is its own read image
     "baseline": dict(options=EngineOptions(), mode="baseline", fp8=False, image=False),
 }
 
@@ -102,7 +104,7 @@ def test_rewound_session_equals_a_session_that_had_the_speech_there(model, varia
     _check_rewind(model, variant, silent_until=6, to_chunk=3)
 
 
-@pytest.mark.parametrize("variant", ["float-ring", "fp8-image", "baseline"])
+@pytest.mark.parametrize("variant", ["float-ring", "fp8-image", "bf16-ring", "baseline"])
 def test_rewind_across_a_position_reset_restores_the_rotated_keys(model, variant):
     # the frame resets before chunk 12 (t_limit 12); undoing chunks 11..13 undoes the reset's delta rotation
     gen = _gen(model, variant)
