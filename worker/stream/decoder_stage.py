@@ -74,8 +74,8 @@ class DecoderStage:
             raise ValueError(f"DecoderStage.rewind_chunks = {rewind_chunks!r}; expected an integer ≥ 0")
         self.rewind_chunks = rewind_chunks
         self.lock = threading.RLock()  # held while a decoded chunk is delivered, and by a rewind
-        self._epoch = 0
-        self._cut = 0  # chunks ≥ this, submitted before the latest rewind, are dropped
+        self._epoch = 0  # rewinds so far
+        self._cuts: list[int] = []  # rewind e + 1 dropped the chunks ≥ _cuts[e] submitted before it
         self._last_done = -1  # index of the last chunk decoded into the cache
         self._inflight: int | None = None  # index of the chunk being decoded
         self._snapshots: dict[int, object] = {}  # chunk → the causal state right after it
@@ -128,7 +128,7 @@ class DecoderStage:
                                  f"{to_chunk - 1} is no longer kept (kept: after chunks {kept}; rewind_chunks = "
                                  f"{self.rewind_chunks})")
             self._epoch += 1
-            self._cut = to_chunk
+            self._cuts.append(to_chunk)
             with self._queue.mutex:  # queue.Queue's own lock over its deque: drop the stale items in place
                 kept_items = [h for h in self._queue.queue if h is _STOP or h.chunk.index < to_chunk]
                 dropped = [h.chunk.index for h in self._queue.queue if h is not _STOP and h.chunk.index >= to_chunk]
@@ -220,7 +220,8 @@ class DecoderStage:
                     break
 
     def _stale(self, item: _Handoff) -> bool:
-        return item.epoch != self._epoch and item.chunk.index >= self._cut
+        """Submitted before a rewind that dropped its index (any rewind since, not only the latest)."""
+        return any(item.chunk.index >= cut for cut in self._cuts[item.epoch:])
 
     def _decode_one(self, item: _Handoff) -> None:
         chunk = item.chunk
