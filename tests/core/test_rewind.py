@@ -164,3 +164,16 @@ def test_rewind_off_and_bad_depths(model):
         _gen(model, "float-ring", rewind_chunks=-1)
     with pytest.raises(ValueError, match=r"rewind_chunks = 9: expected < t_limit − window_chunks = 9"):
         _gen(model, "float-ring", rewind_chunks=9)
+
+
+def test_a_second_position_reset_within_the_log_is_refused():
+    from vivant.worker.model.kv_cache import KVCache
+    from vivant.worker.model.positions import RingLayout
+
+    layout = RingLayout(CFG.sink_tokens, CFG.tokens_per_chunk, CFG.window_chunks)
+    cache = KVCache(layers=1, heads=1, head_dim=CFG.head_dim, layout=layout, rope_dims=CFG.rope_dims,
+                    rope_theta=CFG.rope_theta, fp8=False, rewind_chunks=4)
+    window = torch.arange(layout.sink, layout.slots)
+    cache.shift_positions(9, window)
+    with pytest.raises(RuntimeError, match="position reset at chunk 0 while the reset at chunk 0 is still within"):
+        cache.shift_positions(9, window)

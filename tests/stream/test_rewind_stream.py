@@ -264,3 +264,19 @@ def test_playout_rewind_replays_from_the_first_unshown_chunk(vae):
         assert np.array_equal(a.rgb, b.rgb), f"frame {a.content_index} differs from the session without the drop"
     with pytest.raises(ValueError, match="min_lead_s"):
         playout.rewind(-1.0)
+
+
+def test_a_turn_starts_next_only_after_silence_or_an_interrupt():
+    ai = AudioInput(CFG)
+    ai.next_chunk()
+    assert not ai.turn_starts_next(), "nothing queued"
+    ai.push(speech(3000), SR)
+    assert ai.turn_starts_next(), "speech after silence: the next chunk starts the turn"
+    ai.next_chunk()
+    ai.end_segment()
+    ai.push(speech(3000, 1.0), SR)  # a new turn queued right behind the speech still being taken
+    ai.next_chunk()
+    assert not ai.turn_starts_next(), "a turn that follows speech continues it: nothing made from silence"
+    ai.clear_buffer()
+    ai.push(speech(3000, 2.0), SR)
+    assert ai.turn_starts_next(), "after an interrupt the new turn may rewind over the interrupted speech"
