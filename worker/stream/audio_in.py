@@ -174,17 +174,16 @@ class AudioInput:
             self._last_had_speech = False  # the speech ahead was interrupted: a new turn may rewind over it
             return dropped
 
-    def rewind(self, to_chunk: int) -> int:
+    def rewind(self, to_chunk: int) -> None:
         """Make chunk `to_chunk` the next one taken (module docstring): the chunks taken since are forgotten, their
-        speech returns to the front of the queue unless an interruption came after it was taken. Returns the speech
-        samples returned to the queue. ValueError naming `to_chunk` outside [next − history_chunks, next]."""
+        speech returns to the front of the queue unless an interruption came after it was taken (then it counts in
+        `cleared_samples`). ValueError naming `to_chunk` outside [next − history_chunks, next]."""
         with self._lock:
             lo = self._next - len(self._taken)  # the history holds chunks lo … next − 1
             if isinstance(to_chunk, bool) or not isinstance(to_chunk, int) or not lo <= to_chunk <= self._next:
                 raise ValueError(f"audio input rewind to_chunk = {to_chunk!r}: expected an integer in "
                                  f"[{lo}, {self._next}] (the next chunk is {self._next}; the last "
                                  f"history_chunks = {self.history_chunks} chunks can be taken again)")
-            returned = 0
             while self._taken and self._taken[-1].index >= to_chunk:
                 taken = self._taken.pop()
                 for piece in reversed(taken.pieces):
@@ -195,12 +194,10 @@ class AudioInput:
                         continue
                     self._pending.appendleft(piece)
                     self._pending_samples += len(piece.pcm)
-                    returned += len(piece.pcm)
             self._next = to_chunk
             self._last_had_speech = bool(self._taken) and any(len(p.pcm) for p in self._taken[-1].pieces)
             if self.last_cut_chunk is not None and self.last_cut_chunk > to_chunk:
                 self.last_cut_chunk = to_chunk
-            return returned
 
     # ---- generation side ----------------------------------------------------------------------------
     @property

@@ -79,6 +79,7 @@ class DecoderStage:
         self._last_done = -1  # index of the last chunk decoded into the cache
         self._inflight: int | None = None  # index of the chunk being decoded
         self._snapshots: dict[int, object] = {}  # chunk → the causal state right after it
+        self.rewind_dropped: list[int] = []  # the queued chunks the latest rewind dropped
         self.vae = vae
         self.device = next(vae.parameters()).device
         self.on_decoded = on_decoded
@@ -113,9 +114,9 @@ class DecoderStage:
                 return 0
             return min(self._snapshots) + 1 if self._snapshots else done + 1
 
-    def rewind(self, to_chunk: int) -> list[int]:
+    def rewind(self, to_chunk: int) -> None:
         """Drop the chunks ≥ `to_chunk` queued or being decoded and make the causal state the one after chunk
-        `to_chunk` − 1 (module docstring). Returns the indices dropped from the queue. ValueError naming `to_chunk`
+        `to_chunk` − 1 (module docstring); `rewind_dropped` lists the indices dropped from the queue. ValueError naming `to_chunk`
         when that state is no longer kept (more than `rewind_chunks` decoded chunks back) or is in the future of
         what was decoded. Callers that deliver into a pacer hold `lock` around the pacer's drop and this call."""
         if isinstance(to_chunk, bool) or not isinstance(to_chunk, int) or to_chunk < 0:
@@ -140,7 +141,7 @@ class DecoderStage:
                 self._cache = self._snapshots[to_chunk - 1].snapshot() if to_chunk > 0 else self.vae.new_cache()
                 self._last_done = to_chunk - 1
             self._snapshots = {c: v for c, v in self._snapshots.items() if c < to_chunk}
-            return dropped
+            self.rewind_dropped = dropped
 
     def submit(self, chunk: LatentChunk) -> float:
         """Hand a chunk over (returns seconds spent waiting for queue space)."""

@@ -225,7 +225,8 @@ class Playout:
             buffered = self.pacer.buffered_indices()
             oldest = max(oldest, self.decoder.oldest_rewind())
             r = self.pacer.drop_unstarted(self.clock.now() + min_lead_s, oldest=oldest)
-            dropped = [i for i in buffered if i >= r] + self.decoder.rewind(r)
+            self.decoder.rewind(r)
+            dropped = [i for i in buffered if i >= r] + self.decoder.rewind_dropped
             self.submitted = min(self.submitted, r)
         with self._lock:
             for index in [i for i in self._chunk_times if i >= r]:
