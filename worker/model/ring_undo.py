@@ -23,7 +23,8 @@ At 57b (TP = 4 rank: L = 60, T = 757, H = 16, D = 128, W = 7, FP8 ring, bf16 ima
 0.186 GB of K/V + 0.006 GB of scales + 0.372 GB of image rows = 0.564 GB, four entries 2.26 GB; the reset
 snapshot (W·T = 5,299 slots) 0.651 GB of K + 0.020 GB of scales + 1.302 GB of image = 1.97 GB; 4.2 GB in all.
 With the bf16 ring (EngineOptions.ring, its own image): 0.372 + 0.006 = 0.378 GB per entry, 1.32 GB for the snapshot,
-2.8 GB in all. Per chunk the save moves one entry (0.56 GB at 57b, FP8 ring): a device-to-device copy, no host sync.
+2.8 GB in all (the served engine on CUDA). Per chunk the save moves one entry (0.38 GB at 57b with the bf16 ring):
+a device-to-device copy, no host sync.
 """
 
 from __future__ import annotations
