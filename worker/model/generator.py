@@ -7,6 +7,11 @@ repeat) at sigma = sigmas[0] = 1 and takes one Euler step per pass, x ← x + (�
 
 Before a chunk whose temporal index would reach `t_limit`, the position frame shifts back by
 Δ = t_limit − W and cached window keys are delta-rotated once (see worker/model/positions.py).
+
+Rewind (`rewind`): at a speech turn's start the session returns to an earlier chunk boundary (at most
+`rewind_chunks` back) and generates from there with the new audio; the result equals a session that had that audio
+at that chunk from the start, because the noise is seeded per (seed, chunk) and the cache and position frame are
+restored exactly (docs/ARCHITECTURE.md, "Rewind at a turn start").
 """
 
 from __future__ import annotations
@@ -49,7 +54,15 @@ class ChunkGenerator:
                  device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0,
                  fp8: bool = True, weights: str | Path | None = None, model: VideoDiT | None = None,
                  options: EngineOptions = EngineOptions(), engine: Engine | None = None,
-                 kernel_backend: str = "auto"):
+                 kernel_backend: str = "auto", rewind_chunks: int = 4):
+        if isinstance(rewind_chunks, bool) or not isinstance(rewind_chunks, int) or rewind_chunks < 0:
+            raise ValueError(f"ChunkGenerator rewind_chunks = {rewind_chunks!r}; expected an integer ≥ 0 (0: no rewind)")
+        if rewind_chunks >= cfg.t_limit - cfg.window_chunks:
+            raise ValueError(f"ChunkGenerator rewind_chunks = {rewind_chunks}: expected < t_limit − window_chunks = "
+                             f"{cfg.t_limit - cfg.window_chunks} (position resets are that many chunks apart; the undo "
+                             "log holds one reset)")
+        self._rewind_chunks = rewind_chunks
+        self._frames: dict[int, tuple[int, int]] = {}  # chunk → (offset, resets) of the frame after it
         self.cfg, self.mode, self.fp8 = cfg, parse_choice(CacheMode, mode, "mode"), fp8
         self.device, self.dtype = torch.device(device), dtype
         self.kernel_backend = kernel_backend
@@ -77,10 +90,35 @@ class ChunkGenerator:
     def local_heads(self) -> int:
         return self.engine.local_heads
 
+    @property
+    def rewind_chunks(self) -> int:
+        """How many chunks back `rewind` can go (the undo log's depth; 0: rewinding is off)."""
+        return self._rewind_chunks
+
+    def rewind(self, to_chunk: int) -> None:
+        """Return to the chunk boundary before `to_chunk`: afterwards the next `generate_chunk` produces chunk
+        `to_chunk`, and the cache, the position frame and `chunk` equal the state right after chunk `to_chunk` − 1
+        was generated. `to_chunk == chunk` is a no-op; ValueError naming `to_chunk` unless
+        `max(0, chunk − rewind_chunks) ≤ to_chunk ≤ chunk` (on every tensor-parallel rank at the same boundary)."""
+        lo = self.cache.oldest_rewind()
+        if isinstance(to_chunk, bool) or not isinstance(to_chunk, int) or not lo <= to_chunk <= self.chunk:
+            raise ValueError(f"rewind to_chunk = {to_chunk!r}: expected an integer in [{lo}, {self.chunk}] (the next "
+                             f"chunk is {self.chunk}; at most rewind_chunks = {self.rewind_chunks} back)")
+        if to_chunk == self.chunk:
+            return
+        if to_chunk == 0:
+            self.reset_session(self.seed)
+            return
+        self.cache.rewind(to_chunk)
+        self.frame.offset, self.frame.resets = self._frames[to_chunk - 1]
+        self._frames = {c: f for c, f in self._frames.items() if c < to_chunk}
+        self.chunk = to_chunk
+
     def reset_session(self, seed: int = 0) -> None:
         cfg = self.cfg
         self.seed = seed
         self.chunk = 0
+        self._frames = {}
         self.frame = PositionFrame(cfg.t_limit, cfg.window_chunks)
         if self.cache is not None:  # a warm worker keeps its preallocated cache across sessions
             self.cache.clear()
@@ -91,7 +129,8 @@ class ChunkGenerator:
         self.cache = KVCache(layers=cfg.n_layers, heads=self.local_heads, head_dim=cfg.head_dim, layout=self.layout,
                              rope_dims=cfg.rope_dims, rope_theta=cfg.rope_theta, mode=self.mode,
                              fp8=self.fp8 and not bf16_ring, store_dtype=torch.bfloat16 if bf16_ring else torch.float32,
-                             device=self.device, kernel_backend=self.kernel_backend)
+                             device=self.device, kernel_backend=self.kernel_backend,
+                             rewind_chunks=self.rewind_chunks)
 
     @torch.no_grad()
     def warm_up(self) -> int:
@@ -146,6 +185,8 @@ class ChunkGenerator:
             torch.cuda.synchronize(self.device)
         t1 = time.perf_counter()
         self.chunk += 1
+        self._frames[n] = (self.frame.offset, self.frame.resets)
+        self._frames.pop(n - self.rewind_chunks - 1, None)
         if not bool(torch.isfinite(x).all()):
             # NaN/Inf reached the cache: every later chunk would attend it. Start the session's state
             # afresh (cache cleared, positions from 0); this chunk is reported as it is (a numerical fault).

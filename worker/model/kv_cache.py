@@ -36,6 +36,7 @@ from vivant.kernels.ring_image import dequant_all, dequant_slots
 from vivant.kernels.rope import apply_rope_ref, rope_angles
 from vivant.worker.model.options import CacheMode, parse_choice
 from vivant.worker.model.positions import RingLayout
+from vivant.worker.model.ring_undo import RingUndoLog
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +77,25 @@ class _BaselineChunk:
 
 
 class KVCache:
-    """Per-session cache for all layers of one tensor-parallel rank."""
+    """Per-session cache for all layers of one tensor-parallel rank.
+
+    Rewind (`rewind`): the last `rewind_chunks` chunks can be undone, so the cache returns to its state right after
+    an earlier chunk (docs/ARCHITECTURE.md, "Rewind at a turn start"). The ring keeps an undo log
+    (worker/model/ring_undo.py, memory stated there); the baseline keeps `rewind_chunks` more chunks in its list
+    and drops the undone ones. 0 turns rewinding off (nothing allocated)."""
 
     def __init__(self, *, layers: int, heads: int, head_dim: int, layout: RingLayout,
                  rope_dims: tuple[int, int, int], rope_theta: float, mode: CacheMode | str = CacheMode.OPTIMIZED,
                  fp8: bool = True, device: str | torch.device = "cpu", store_dtype: torch.dtype = torch.float32,
-                 kernel_backend: str = "auto"):
+                 kernel_backend: str = "auto", rewind_chunks: int = 4):
         mode = parse_choice(CacheMode, mode, "mode")
+        if isinstance(rewind_chunks, bool) or not isinstance(rewind_chunks, int) or rewind_chunks < 0:
+            raise ValueError(f"KVCache rewind_chunks = {rewind_chunks!r}; expected an integer ≥ 0 (0: no rewind)")
+        self.rewind_chunks = rewind_chunks
+        self.undo = RingUndoLog(rewind_chunks)
+        self.next_chunk = 0  # the chunk after the last one ended (what a rewind returns from)
+        self._reset: tuple[int, int] | None = None  # (chunk that began with the latest reset, its Δ)
+        self._reset_pending: int | None = None  # Δ of a reset applied since the last begin_chunk
         self.layers, self.heads, self.head_dim = layers, heads, head_dim
         self.layout, self.mode, self.fp8 = layout, mode, fp8
         self.rope_dims, self.rope_theta = tuple(rope_dims), float(rope_theta)
@@ -145,6 +158,9 @@ class KVCache:
         """Forget the session (a warm worker reuses the preallocated ring; CUDA graphs keep its addresses)."""
         self.state = None
         self._offset_chunks = 0
+        self.next_chunk = 0
+        self._reset = self._reset_pending = None
+        self.undo.clear()
         if self.mode is CacheMode.OPTIMIZED:
             for t in (self.k, self.v):
                 t.zero_()
@@ -158,12 +174,50 @@ class KVCache:
             self._sink_k = [None] * self.layers
             self._sink_v = [None] * self.layers
 
+    # ---- rewind -------------------------------------------------------------------------------------------
+    def oldest_rewind(self) -> int:
+        """The earliest chunk `rewind` can return to now (0 while the session is within `rewind_chunks` of its
+        start: rewinding to 0 is a session reset)."""
+        if self.next_chunk <= self.rewind_chunks:
+            return 0
+        if self.mode is CacheMode.BASELINE:
+            return self.next_chunk - self.rewind_chunks
+        return self.undo.oldest(self.next_chunk)
+
+    def rewind(self, to_chunk: int) -> None:
+        """Return to the state right after chunk `to_chunk` − 1 ended (the next chunk written is `to_chunk`).
+        ValueError naming `to_chunk` outside [oldest_rewind(), next_chunk]. Between chunks only."""
+        lo, hi = self.oldest_rewind(), self.next_chunk
+        if isinstance(to_chunk, bool) or not isinstance(to_chunk, int) or not lo <= to_chunk <= hi:
+            raise ValueError(f"rewind to_chunk = {to_chunk!r}: expected an integer in [{lo}, {hi}] (the next chunk "
+                             f"is {hi}; the undo log holds the last rewind_chunks = {self.rewind_chunks} chunks)")
+        if self.state is not None:
+            raise RuntimeError("KVCache.rewind called inside a chunk (between begin_chunk and end_chunk)")
+        if to_chunk == hi:
+            return
+        if to_chunk == 0:
+            self.clear()
+            return
+        if self.mode is CacheMode.OPTIMIZED:
+            self.undo.restore(self, to_chunk, hi)
+        else:
+            self._chunks = [c for c in self._chunks if c.chunk < to_chunk]
+            self._pending = _BaselineChunk(chunk=-1, k=[None] * self.layers, v=[None] * self.layers)
+        if self._reset is not None and self._reset[0] >= to_chunk:
+            self._offset_chunks -= self._reset[1]
+            self._reset = None
+        self.next_chunk = to_chunk
+
     # ---- chunk boundaries --------------------------------------------------------------------------
     def begin_chunk(self, state: StepState) -> None:
         self.state = state
+        if self._reset_pending is not None:
+            self._reset = (state.chunk, self._reset_pending)
+            self._reset_pending = None
         if self.mode is CacheMode.BASELINE:
             self._pending = _BaselineChunk(chunk=state.chunk, k=[None] * self.layers, v=[None] * self.layers)
         else:
+            self.undo.save_chunk(self, state.chunk)
             self._fill_step(state)
 
     def _fill_step(self, st: StepState) -> None:
@@ -214,14 +268,20 @@ class KVCache:
         st = self.state
         if self.mode is CacheMode.BASELINE and st is not None:
             self._chunks.append(self._pending)
-            # the next chunk (st.chunk + 1) sees chunks ≥ st.chunk + 2 − W besides itself
-            self._chunks = [c for c in self._chunks if c.chunk >= st.chunk + 2 - self.layout.window_chunks]
+            # the next chunk (st.chunk + 1) sees chunks ≥ st.chunk + 2 − W besides itself; a rewind by up to
+            # rewind_chunks needs as many more
+            keep = st.chunk + 2 - self.layout.window_chunks - self.rewind_chunks
+            self._chunks = [c for c in self._chunks if c.chunk >= keep]
+        if st is not None:
+            self.next_chunk = st.chunk + 1
         self.state = None
 
     def shift_positions(self, delta: int, resident_slots: torch.Tensor) -> None:
         """Position reset by Δ: rotate cached window keys by −Δ once (ring); the baseline just re-derives."""
         self._offset_chunks += delta
+        self._reset_pending = delta
         if self.mode is CacheMode.OPTIMIZED and resident_slots.numel():
+            self.undo.save_reset(self, self.next_chunk)
             slots = resident_slots.to(self.device)
             for layer in range(self.layers):
                 delta_rotate(self.k[layer], self.k_scale[layer], slots, -delta,

@@ -12,6 +12,13 @@ lands within one chunk. A turn starts at the first segment after start-up, `end_
 `clear_buffer()`; its first sample is traced (clock time pushed, chunk and stream sample where it
 landed) for the turn-latency report.
 
+Rewind (`rewind(r)`): when a turn starts, the chunks taken ahead of playback are dropped and generation restarts at
+chunk r (docs/ARCHITECTURE.md, "Rewind at a turn start"); the next `next_chunk()` is chunk r again. The speech those
+chunks took goes back to the front of the queue (so chunk r takes what it would have taken had it never been
+taken), unless an interruption (`clear_buffer`) came after it was taken: then it is discarded, as the interruption
+discarded everything pending. A turn whose first sample was in a dropped chunk is placed again when that sample is
+taken again. The last `history_chunks` chunks can be rewound.
+
 Rates: PCM at the configured rate (16 kHz default) is taken as is; other rates are resampled with
 libswresample (PyAV) when `resample=True`, else rejected with an error naming the expected rate.
 Samples are float32 in [-1, 1] or int16 (scaled by 1/32768), mono (1-D or [n, 1]).
@@ -75,11 +82,27 @@ class _Segment:
     turn: TurnStart | None  # set on the first segment of a turn
 
 
+@dataclass
+class _Taken:
+    """What one chunk took from the queue, so a rewind can put it back: the pieces in order, each with the turn it
+    started (if any), and the interruptions applied before it was taken."""
+
+    index: int
+    pieces: list[_Segment]
+    clears: int
+
+
 class AudioInput:
     """Thread-safe: the transport pushes and clears, the generation loop calls `next_chunk()`."""
 
-    def __init__(self, grid: ChunkGrid, config: AudioInConfig | None = None, clock: Clock | None = None) -> None:
+    def __init__(self, grid: ChunkGrid, config: AudioInConfig | None = None, clock: Clock | None = None,
+                 history_chunks: int = 8) -> None:
+        if isinstance(history_chunks, bool) or not isinstance(history_chunks, int) or history_chunks < 0:
+            raise ValueError(f"AudioInput history_chunks = {history_chunks!r}; expected an integer ≥ 0")
         self.grid = grid
+        self.history_chunks = history_chunks
+        self._taken: deque[_Taken] = deque(maxlen=history_chunks or None)
+        self._clears = 0
         self.config = config or AudioInConfig()
         self.clock = clock or MonotonicClock()
         self.sample_rate = int(grid.audio_sample_rate)
@@ -146,7 +169,35 @@ class AudioInput:
             self._resamplers.clear()
             self.cleared_samples += dropped
             self.last_cut_chunk = self._next
+            self._clears += 1
             return dropped
+
+    def rewind(self, to_chunk: int) -> int:
+        """Make chunk `to_chunk` the next one taken (module docstring): the chunks taken since are forgotten, their
+        speech returns to the front of the queue unless an interruption came after it was taken. Returns the speech
+        samples returned to the queue. ValueError naming `to_chunk` outside [next − history_chunks, next]."""
+        with self._lock:
+            lo = self._next - len(self._taken)  # the history holds chunks lo … next − 1
+            if isinstance(to_chunk, bool) or not isinstance(to_chunk, int) or not lo <= to_chunk <= self._next:
+                raise ValueError(f"audio input rewind to_chunk = {to_chunk!r}: expected an integer in "
+                                 f"[{lo}, {self._next}] (the next chunk is {self._next}; the last "
+                                 f"history_chunks = {self.history_chunks} chunks can be taken again)")
+            returned = 0
+            while self._taken and self._taken[-1].index >= to_chunk:
+                taken = self._taken.pop()
+                for piece in reversed(taken.pieces):
+                    if piece.turn is not None:
+                        piece.turn.chunk_index = piece.turn.stream_sample = None
+                    if taken.clears != self._clears:  # interrupted after it was taken: stays discarded
+                        self.cleared_samples += len(piece.pcm)
+                        continue
+                    self._pending.appendleft(piece)
+                    self._pending_samples += len(piece.pcm)
+                    returned += len(piece.pcm)
+            self._next = to_chunk
+            if self.last_cut_chunk is not None and self.last_cut_chunk > to_chunk:
+                self.last_cut_chunk = to_chunk
+            return returned
 
     # ---- generation side ----------------------------------------------------------------------------
     @property
@@ -166,14 +217,16 @@ class AudioInput:
             out = np.zeros(need, np.float32)
             got = 0
             turns: list[TurnStart] = []
+            pieces: list[_Segment] = []
             while got < need and self._pending:
                 seg = self._pending[0]
+                take = min(need - got, len(seg.pcm))
+                pieces.append(_Segment(seg.pcm[:take], seg.turn))
                 if seg.turn is not None:
                     seg.turn.chunk_index = n
                     seg.turn.stream_sample = start + got
                     turns.append(seg.turn)
                     seg.turn = None
-                take = min(need - got, len(seg.pcm))
                 out[got:got + take] = seg.pcm[:take]
                 got += take
                 if take == len(seg.pcm):
@@ -181,6 +234,8 @@ class AudioInput:
                 else:
                     seg.pcm = seg.pcm[take:]
             self._pending_samples -= got
+            if self.history_chunks:
+                self._taken.append(_Taken(n, pieces, self._clears))
             self._next += 1
             return ChunkAudio(index=n, samples=out, speech_samples=got, turns=turns)
 

@@ -16,6 +16,13 @@ The queue is bounded: when the decoder falls behind (or the pacer's buffer is fu
 is ahead of real time), `submit` waits and reports how long; nothing is dropped. Errors raised in the
 decoder thread are re-raised on the next `submit`/`close`.
 
+Rewind (`rewind(r)`, at a speech turn's start, docs/ARCHITECTURE.md "Rewind at a turn start"): chunks ≥ r that are
+queued or being decoded are dropped (never reach `on_decoded`), and the next chunk decoded, r, starts from the causal
+state after chunk r − 1: the stage keeps that state (`DecoderCache.snapshot`, no copies of tensors) after each of the
+last `rewind_chunks` decoded chunks. A decode finishes and delivers under the stage's lock, so a rewind waits for a
+delivery in progress (at most until the pacer has room for it) and a chunk decoded while the rewind came is
+discarded by its epoch.
+
 Shapes: latents [C, h, w] float; decoded frames uint8 [frames_per_chunk, H, W, 3] in host memory.
 """
 
@@ -47,6 +54,7 @@ class LatentChunk:
 class _Handoff:
     chunk: LatentChunk
     ready: torch.cuda.Event | None  # CUDA: the copy to the decoder device is done when this fires
+    epoch: int = 0  # the stage's rewind epoch when it was submitted
 
 
 _STOP = object()
@@ -59,9 +67,18 @@ class DecoderStage:
     space when the pacer is full). `decode_ms` keeps every chunk's decode time."""
 
     def __init__(self, vae: VAEDecoder, on_decoded: Callable[[DecodedChunk], None], queue_chunks: int = 2,
-                 now: Callable[[], float] = time.monotonic) -> None:
+                 now: Callable[[], float] = time.monotonic, rewind_chunks: int = 8) -> None:
         if queue_chunks < 1:
             raise ValueError(f"DecoderStage.queue_chunks = {queue_chunks}; expected a positive integer")
+        if isinstance(rewind_chunks, bool) or not isinstance(rewind_chunks, int) or rewind_chunks < 0:
+            raise ValueError(f"DecoderStage.rewind_chunks = {rewind_chunks!r}; expected an integer ≥ 0")
+        self.rewind_chunks = rewind_chunks
+        self.lock = threading.RLock()  # held while a decoded chunk is delivered, and by a rewind
+        self._epoch = 0
+        self._cut = 0  # chunks ≥ this, submitted before the latest rewind, are dropped
+        self._last_done = -1  # index of the last chunk decoded into the cache
+        self._inflight: int | None = None  # index of the chunk being decoded
+        self._snapshots: dict[int, object] = {}  # chunk → the causal state right after it
         self.vae = vae
         self.device = next(vae.parameters()).device
         self.on_decoded = on_decoded
@@ -83,13 +100,46 @@ class DecoderStage:
 
     def reset_session(self) -> None:
         """A new session: fresh temporal cache. Call only while the queue is empty."""
-        self._cache = self.vae.new_cache()
+        with self.lock:
+            self._cache = self.vae.new_cache()
+            self._last_done = -1
+            self._snapshots = {}
+
+    def rewind(self, to_chunk: int) -> list[int]:
+        """Drop the chunks ≥ `to_chunk` queued or being decoded and make the causal state the one after chunk
+        `to_chunk` − 1 (module docstring). Returns the indices dropped from the queue. ValueError naming `to_chunk`
+        when that state is no longer kept (more than `rewind_chunks` decoded chunks back) or is in the future of
+        what was decoded. Callers that deliver into a pacer hold `lock` around the pacer's drop and this call."""
+        if isinstance(to_chunk, bool) or not isinstance(to_chunk, int) or to_chunk < 0:
+            raise ValueError(f"decoder stage rewind to_chunk = {to_chunk!r}; expected an integer ≥ 0")
+        with self.lock:  # re-entrant: Playout.rewind holds it already
+            undo = self._last_done >= to_chunk or (self._inflight is not None and self._inflight >= to_chunk)
+            if undo and to_chunk > 0 and (to_chunk - 1) not in self._snapshots:
+                kept = sorted(self._snapshots)
+                raise ValueError(f"decoder stage rewind to_chunk = {to_chunk}: the causal state after chunk "
+                                 f"{to_chunk - 1} is no longer kept (kept: after chunks {kept}; rewind_chunks = "
+                                 f"{self.rewind_chunks})")
+            self._epoch += 1
+            self._cut = to_chunk
+            with self._queue.mutex:  # queue.Queue's own lock over its deque: drop the stale items in place
+                kept_items = [h for h in self._queue.queue if h is _STOP or h.chunk.index < to_chunk]
+                dropped = [h.chunk.index for h in self._queue.queue if h is not _STOP and h.chunk.index >= to_chunk]
+                self._queue.queue.clear()
+                self._queue.queue.extend(kept_items)
+                self._queue.not_full.notify_all()
+            if self._last_done >= to_chunk or (self._inflight is not None and self._inflight >= to_chunk):
+                # a fresh object: a decode in flight keeps writing into the old one, and is then discarded
+                self._cache = self._snapshots[to_chunk - 1].snapshot() if to_chunk > 0 else self.vae.new_cache()
+                self._last_done = to_chunk - 1
+            self._snapshots = {c: v for c, v in self._snapshots.items() if c < to_chunk}
+            return dropped
 
     def submit(self, chunk: LatentChunk) -> float:
         """Hand a chunk over (returns seconds spent waiting for queue space)."""
         self._raise_if_failed()
         self.vae.check_chunk_latents(chunk.latents)
         handoff = self._async_copy(chunk) if self.device.type == "cuda" else _Handoff(chunk, None)
+        handoff.epoch = self._epoch
         t = time.perf_counter()
         while True:
             try:
@@ -161,21 +211,37 @@ class DecoderStage:
                 except queue.Empty:
                     break
 
+    def _stale(self, item: _Handoff) -> bool:
+        return item.epoch != self._epoch and item.chunk.index >= self._cut
+
     def _decode_one(self, item: _Handoff) -> None:
         chunk = item.chunk
+        with self.lock:
+            if self._stale(item):
+                return
+            cache = self._cache
+            self._inflight = chunk.index
         t_start = self.now()
         t = time.perf_counter()
         if self._decode_stream is not None:
             with torch.cuda.stream(self._decode_stream):
                 if item.ready is not None:
                     self._decode_stream.wait_event(item.ready)
-                frames = self.vae.decode_chunk(chunk.latents, self._cache)
+                frames = self.vae.decode_chunk(chunk.latents, cache)
                 host = frames.to("cpu", non_blocking=False)
         else:
-            host = self.vae.decode_chunk(chunk.latents, self._cache)
+            host = self.vae.decode_chunk(chunk.latents, cache)
         ms = (time.perf_counter() - t) * 1e3
-        self.decode_ms.append(ms)
         times = dict(chunk.times)
         times["decode_start"] = t_start
         times["decoded"] = self.now()
-        self.on_decoded(DecodedChunk(chunk.index, host.numpy(), chunk.audio, times))
+        with self.lock:
+            self._inflight = None
+            if self._stale(item) or cache is not self._cache:  # a rewind came while it was decoded
+                return
+            self.decode_ms.append(ms)
+            self._last_done = chunk.index
+            if self.rewind_chunks:
+                self._snapshots[chunk.index] = cache.snapshot()
+                self._snapshots.pop(chunk.index - self.rewind_chunks, None)
+            self.on_decoded(DecodedChunk(chunk.index, host.numpy(), chunk.audio, times))

@@ -16,6 +16,9 @@ needs one frame every 41.67 ms. The pacer sits between them:
   speech (the chunk on screen finishes), so an interrupted character stops talking within one chunk
   of playout. The drop is recorded (`stats().discards`) and the gap until the next chunk is a stall
   of cause "interrupt" (a late generator's stall has cause "late").
+* rewind: `drop_unstarted(keep_until_s)` drops every buffered chunk not begun and due after `keep_until_s`, so a
+  speech turn's chunks can be generated again in their place (docs/ARCHITECTURE.md, "Rewind at a turn start"); a
+  chunk with at least one frame published is shown and plays to its end (the half-shown rule).
 * audio: each slot carries its share of the chunk's PCM (slot k ends at sample floor((k+1)*sr/fps));
   a repeated slot carries silence up to that boundary, so published audio and video never drift. The
   A/V offset of every generated frame (where its first audio sample lands minus its video timestamp)
@@ -152,6 +155,16 @@ class Discard:
 
 
 @dataclass
+class Rewind:
+    """One rewind at a turn start: when (clock s), the chunk generation restarted at, and the chunks dropped
+    (decoded ones from the pacer's buffer, and ones still in the decoder stage)."""
+
+    at_s: float
+    to_chunk: int
+    dropped: list[int]
+
+
+@dataclass
 class PacerStats:
     frames_published: int
     generated_frames_published: int
@@ -204,6 +217,11 @@ class Pacer:
         """Chunks in the buffer (a partly played chunk counts)."""
         with self._cond:
             return len(self._chunks)
+
+    def buffered_indices(self) -> list[int]:
+        """Indices of the chunks in the buffer, oldest first (a partly played chunk included)."""
+        with self._cond:
+            return [c.index for c in self._chunks]
 
     def space(self) -> int:
         with self._cond:
@@ -258,6 +276,35 @@ class Pacer:
             self._depth.append((self.clock.now(), len(self._chunks)))
             self._cond.notify_all()
             return dropped
+
+    def drop_unstarted(self, keep_until_s: float) -> int:
+        """Drop every buffered chunk whose first frame has not been published and is due later than `keep_until_s`
+        (clock seconds), and every later one; returns r, the index of the first chunk dropped or not yet pushed —
+        the rewind point: the next `push` must carry chunk r.
+
+        The half-shown rule: a chunk with ≥ 1 frame published is shown and plays to its end (it is kept, whatever
+        its remaining frames' due times). Before playout has started (no t0) nothing is shown and no due time is
+        known, so every buffered chunk is dropped. Chunks below r that are kept play as they would have."""
+        c = self.config
+        with self._cond:
+            keep: deque[DecodedChunk] = deque()
+            r = self._next_chunk
+            for i, chunk in enumerate(self._chunks):
+                started = i == 0 and self._frame_in_chunk > 0
+                due = None if self.t0 is None else \
+                    self.t0 + (self._slot + i * c.frames_per_chunk - self._frame_in_chunk) / c.fps
+                if started or (due is not None and due <= keep_until_s):
+                    keep.append(chunk)
+                    continue
+                r = chunk.index
+                break
+            self._chunks = keep
+            self._next_chunk = r
+            self._discard_below = min(self._discard_below, r)
+            self._retired = min(self._retired, r - 1)
+            self._depth.append((self.clock.now(), len(self._chunks)))
+            self._cond.notify_all()
+            return r
 
     def wait_for_space(self, timeout: float | None = None) -> bool:
         """Block (real time) until a chunk fits; True if it does. Only a producer ahead of playout waits."""

@@ -13,6 +13,11 @@ record (stalls, repeated frames, buffer depth, A/V offset); and per speech turn 
 sample pushed, the chunk carrying it diffused, decoded and its frame published (`TurnTrace`), observed into
 `WorkerMetrics.turn_latency` when a metrics object is given. Times are seconds on the playout's clock.
 
+Rewind (`rewind`, at a speech turn's start): the chunks not begun and not due within a lead are dropped from the
+pacer and the decoder stage, the decoder's causal state returns to after the last chunk kept, and the producer
+generates again from the returned chunk r (docs/ARCHITECTURE.md, "Rewind at a turn start"); each rewind is kept in
+`rewinds`.
+
 Lead limit: `wait_lead(n)` blocks the producer until chunk n may be taken (at most `max_lead_chunks` chunks
 before it plays), which bounds the latency the buffers add to a turn.
 """
@@ -35,6 +40,7 @@ from vivant.worker.stream.pacer import (
     PacerConfig,
     PacerFull,
     PublishedFrame,
+    Rewind,
 )
 from vivant.worker.stream.sinks import FrameSink
 from vivant.worker.stream.vae import VAEDecoder
@@ -162,6 +168,7 @@ class Playout:
         self._playout_error: BaseException | None = None
         self._last_published_s: float | None = None
         self._thread: threading.Thread | None = None
+        self.rewinds: list[Rewind] = []
 
     # ---- the producer's side ------------------------------------------------------------------------
     def start(self) -> Playout:
@@ -205,6 +212,27 @@ class Playout:
 
     def discard_speech_before(self, index: int) -> list[int]:
         return self.pacer.discard_speech_before(index)
+
+    def rewind(self, min_lead_s: float = 0.0) -> int:
+        """At a turn start: r = the first chunk not begun and not due within `min_lead_s` seconds from now. Drops
+        chunks ≥ r from the pacer and the decoder stage, rewinds the decoder's causal state to after r − 1, records
+        the rewind (`rewinds`) and returns r; the producer submits chunk r next (its generator and audio input
+        rewound to r). The half-shown rule and the drop are the pacer's (`Pacer.drop_unstarted`). Holds the decoder
+        stage's lock, so no chunk reaches the pacer between the two drops."""
+        if not min_lead_s >= 0:
+            raise ValueError(f"rewind min_lead_s = {min_lead_s!r}; expected seconds ≥ 0")
+        with self.decoder.lock:
+            buffered = self.pacer.buffered_indices()
+            r = self.pacer.drop_unstarted(self.clock.now() + min_lead_s)
+            dropped = [i for i in buffered if i >= r] + self.decoder.rewind(r)
+            self.submitted = min(self.submitted, r)
+        with self._lock:
+            for index in [i for i in self._chunk_times if i >= r]:
+                del self._chunk_times[index]
+            for frame in [f for f in self._turn_by_frame if f >= r * self.pacer.config.frames_per_chunk]:
+                del self._turn_by_frame[frame]
+            self.rewinds.append(Rewind(self.clock.now(), r, sorted(dropped)))
+        return r
 
     def finish(self) -> None:
         """Decode and play out what was submitted, stop both threads and close every sink (even after a failure,

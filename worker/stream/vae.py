@@ -122,6 +122,12 @@ class DecoderCache:
         self.frames.clear()
         self.chunks = 0
 
+    def snapshot(self) -> DecoderCache:
+        """The state as it is now, for a rewind (worker/stream/decoder_stage.py). A shallow copy suffices and costs no
+        device memory of its own: a decode replaces each entry with a new tensor (`CausalConv3d.forward`), never
+        writes one in place, so the snapshot's tensors stay as they were."""
+        return DecoderCache(dict(self.frames), self.chunks)
+
 
 class CausalConv3d(nn.Module):
     """3D conv padded 1 on each side in space and `kt - 1` frames on the past side in time.

@@ -1,0 +1,164 @@
+"""Rewinding the chunk generator (worker/model/generator.py, kv_cache.py, ring_undo.py) on CPU, `tiny` preset.
+
+A session that generated silence up to chunk k and then rewinds to r < k and generates speech from r must equal a
+session that had silence up to r − 1 and the same speech from r: the noise is seeded per (seed, chunk), so with the
+cache and the position frame restored exactly the latents are bit-identical (torch.equal: the same float32 ops on
+the same inputs in the same order; no tolerance is needed and none is allowed). Checked for the float parts on the
+ring, the FP8 parts' CPU twins (EngineOptions.served("cpu"), with and without the read image) and the baseline
+cache, across a position reset, to chunks 1 and 0, after `reset_session`, and the refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.engine import Engine
+from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.model import VideoDiT, init_random_
+from vivant.worker.model.options import EngineOptions
+
+CFG = ModelConfig.from_name("tiny")  # W = 3, t_limit = 12: a position reset before chunk 12
+
+
+def _speech(n: int) -> np.ndarray:
+    a, b = CFG.chunk_sample_range(n)
+    return (0.4 * np.sin(np.arange(a, b) * 0.07 + 0.3 * n)).astype(np.float32)
+
+
+def _silence(n: int) -> np.ndarray:
+    a, b = CFG.chunk_sample_range(n)
+    return np.zeros(b - a, np.float32)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return init_random_(VideoDiT(CFG), seed=5)
+
+
+VARIANTS = {
+    "float-ring": dict(options=EngineOptions(), mode="optimized", fp8=False, image=False),
+    "fp8-served": dict(options=EngineOptions.served("cpu"), mode="optimized", fp8=True, image=False),
+    "fp8-image": dict(options=EngineOptions.served("cpu"), mode="optimized", fp8=True, image=True),
+    "baseline": dict(options=EngineOptions(), mode="baseline", fp8=False, image=False),
+}
+
+
+def _gen(model, variant: str, **kw) -> ChunkGenerator:
+    v = VARIANTS[variant]
+    gen = ChunkGenerator(CFG, mode=v["mode"], fp8=v["fp8"], engine=Engine.build(model, v["options"]), seed=3, **kw)
+    if v["image"]:
+        gen.cache.enable_read_image(torch.bfloat16)  # what the FP8 parts write
+    return gen
+
+
+def _run(gen: ChunkGenerator, chunks: range, audio) -> list[torch.Tensor]:
+    out = []
+    for n in chunks:
+        assert gen.chunk == n
+        out.append(gen.generate_chunk(audio(n), CFG.audio_sample_rate).latents)
+    return out
+
+
+def _assert_same_state(got: ChunkGenerator, want: ChunkGenerator) -> None:
+    assert got.chunk == want.chunk
+    assert (got.frame.offset, got.frame.resets) == (want.frame.offset, want.frame.resets)
+    assert got.cache.position_shift == want.cache.position_shift
+    assert got.cache.next_chunk == want.cache.next_chunk
+    c, r = got.cache, want.cache
+    if c.mode.value == "optimized":
+        for name in ("k", "v", "k_scale", "v_scale", "k_image", "v_image"):
+            a, b = getattr(c, name), getattr(r, name)
+            assert (a is None) == (b is None), name
+            if a is not None:
+                assert torch.equal(a.float(), b.float()), f"cache.{name} differs after the rewind"
+    else:
+        lo = got.chunk - CFG.window_chunks + 1
+        mine = {x.chunk: x for x in c._chunks if x.chunk >= lo}
+        ref = {x.chunk: x for x in r._chunks if x.chunk >= lo}
+        assert sorted(mine) == sorted(ref)
+        for i in mine:
+            assert all(torch.equal(a, b) for a, b in zip(mine[i].k + mine[i].v, ref[i].k + ref[i].v, strict=True))
+
+
+def _check_rewind(model, variant: str, silent_until: int, to_chunk: int, speech_chunks: int = 2) -> None:
+    """Session A: silence 0..silent_until−1, rewind to `to_chunk`, speech; session B: silence then speech at
+    `to_chunk` from the start."""
+    a, b = _gen(model, variant), _gen(model, variant)
+    _run(a, range(silent_until), _silence)
+    a.rewind(to_chunk)
+    _run(b, range(to_chunk), _silence)
+    _assert_same_state(a, b)
+    end = max(silent_until, to_chunk) + speech_chunks
+    got = _run(a, range(to_chunk, end), _speech)
+    want = _run(b, range(to_chunk, end), _speech)
+    for n, (x, y) in enumerate(zip(got, want, strict=True), start=to_chunk):
+        assert torch.equal(x, y), f"{variant}: chunk {n} after the rewind differs by {float((x - y).abs().max()):.3e}"
+    _assert_same_state(a, b)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_rewound_session_equals_a_session_that_had_the_speech_there(model, variant):
+    _check_rewind(model, variant, silent_until=6, to_chunk=3)
+
+
+@pytest.mark.parametrize("variant", ["float-ring", "fp8-image", "baseline"])
+def test_rewind_across_a_position_reset_restores_the_rotated_keys(model, variant):
+    # the frame resets before chunk 12 (t_limit 12); undoing chunks 11..13 undoes the reset's delta rotation
+    gen = _gen(model, variant)
+    _run(gen, range(14), _silence)
+    assert gen.frame.resets == 1
+    _check_rewind(model, variant, silent_until=14, to_chunk=11)
+
+
+@pytest.mark.parametrize("to_chunk", [1, 0])
+def test_rewind_to_the_first_chunks(model, to_chunk):
+    _check_rewind(model, "fp8-image", silent_until=3, to_chunk=to_chunk)
+
+
+def test_rewind_to_the_next_chunk_changes_nothing(model):
+    a, b = _gen(model, "float-ring"), _gen(model, "float-ring")
+    _run(a, range(4), _silence)
+    _run(b, range(4), _silence)
+    a.rewind(4)
+    _assert_same_state(a, b)
+
+
+def test_rewind_after_reset_session_uses_only_the_new_session(model):
+    a, b = _gen(model, "fp8-served"), _gen(model, "fp8-served")
+    _run(a, range(5), _speech)
+    a.reset_session(3)
+    _run(a, range(3), _silence)
+    a.rewind(1)
+    _run(b, range(1), _silence)
+    _assert_same_state(a, b)
+    assert torch.equal(_run(a, range(1, 3), _speech)[-1], _run(b, range(1, 3), _speech)[-1])
+    with pytest.raises(ValueError, match="to_chunk"):
+        a.reset_session(3)
+        a.rewind(1)
+
+
+def test_rewind_outside_the_log_is_refused_and_changes_nothing(model):
+    gen, ref = _gen(model, "float-ring"), _gen(model, "float-ring")
+    _run(gen, range(7), _silence)
+    _run(ref, range(7), _silence)
+    assert gen.rewind_chunks == 4
+    with pytest.raises(ValueError, match=r"to_chunk = 2: expected an integer in \[3, 7\]"):
+        gen.rewind(2)
+    with pytest.raises(ValueError, match=r"to_chunk = 8"):
+        gen.rewind(8)
+    with pytest.raises(ValueError, match=r"to_chunk = -1"):
+        gen.rewind(-1)
+    _assert_same_state(gen, ref)
+
+
+def test_rewind_off_and_bad_depths(model):
+    gen = _gen(model, "float-ring", rewind_chunks=0)
+    _run(gen, range(2), _silence)
+    gen.rewind(2)
+    with pytest.raises(ValueError, match="rewind_chunks = 0"):
+        gen.rewind(1)
+    with pytest.raises(ValueError, match="rewind_chunks = -1"):
+        _gen(model, "float-ring", rewind_chunks=-1)
+    with pytest.raises(ValueError, match=r"rewind_chunks = 9: expected < t_limit − window_chunks = 9"):
+        _gen(model, "float-ring", rewind_chunks=9)

@@ -1,0 +1,138 @@
+"""The ring's undo log: what the last `depth` chunks overwrote, so a session can rewind to a chunk boundary.
+
+Why: when a speech turn starts, the chunks generated ahead of playback from silence are dropped and generation
+restarts at the first chunk not shown (docs/ARCHITECTURE.md, "Rewind at a turn start"). The ring is overwritten in
+place, so rewinding needs the contents each undone chunk replaced:
+
+* per chunk c (saved by `save_chunk` when c begins, before its first write): its ring slots' K/V (FP8, bf16 or
+  float), their scales, and the read image's rows when the image is a tensor of its own (a bf16 ring is its image). A chunk's slots are one contiguous range
+  (`RingLayout.chunk_slot_range`), so a save is one slice copy per tensor over all layers, no host sync.
+* per position reset (saved by `save_reset` before the delta rotation): the whole window's K, K scales and K image
+  (one contiguous slice; V is never rotated). Resets are `t_limit − W` chunks apart and the generator refuses a
+  depth ≥ that, so at most one reset is ever inside the log; a second one inside it raises.
+
+Rewinding to chunk 0 is not done here: the session is reset (`KVCache.clear`), which equals the state before
+chunk 0 (chunk 0 also writes the sink, which this log does not save).
+
+Every buffer is allocated once, at the first save (the image's at the first save after the image exists), and
+restored with `copy_` into the ring's own tensors: CUDA graphs keep the ring's addresses.
+
+Memory, per rank: depth × L × T × H × (2·D·b + 8 [+ 2·D·b_img]) bytes for the chunk entries plus
+L × W·T × H × (D·b + 4 [+ D·b_img]) for the reset snapshot (b: bytes per ring element, b_img: per image element).
+At 57b (TP = 4 rank: L = 60, T = 757, H = 16, D = 128, W = 7, FP8 ring, bf16 image) with depth 4: an entry is
+0.186 GB of K/V + 0.006 GB of scales + 0.372 GB of image rows = 0.564 GB, four entries 2.26 GB; the reset
+snapshot (W·T = 5,299 slots) 0.651 GB of K + 0.020 GB of scales + 1.302 GB of image = 1.97 GB; 4.2 GB in all.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _separate_image(cache) -> bool:
+    """The ring has a read image of its own (with a bf16 ring the image is the ring itself: nothing more to save)."""
+    return cache.k_image is not None and cache.k_image is not cache.k
+
+
+class RingUndoLog:
+    """Undo entries of the last `depth` chunks of one ring (`KVCache` optimized mode), plus one reset snapshot.
+
+    Entry e = chunk mod depth holds what chunk `self.chunk_of[e]` overwrote; −1 marks an empty entry. Shapes per
+    entry: K/V `[L, T, H, D]` in the ring's dtype, scales `[L, T, H]` float32, image rows `[L, T, H, D]`."""
+
+    def __init__(self, depth: int) -> None:
+        if depth < 0:
+            raise ValueError(f"rewind_chunks = {depth}; expected an integer ≥ 0 (0 turns rewinding off)")
+        self.depth = depth
+        self.chunk_of = [-1] * depth
+        self._has_image = [False] * depth
+        self._buf: dict[str, torch.Tensor] = {}
+        self.reset_chunk: int | None = None  # the chunk that began with the position reset held in the snapshot
+        self._reset_has_image = False
+
+    def clear(self) -> None:
+        self.chunk_of = [-1] * self.depth
+        self._has_image = [False] * self.depth
+        self.reset_chunk = None
+
+    def _alloc(self, name: str, like: torch.Tensor, rows: int) -> torch.Tensor:
+        buf = self._buf.get(name)
+        if buf is None:
+            shape = (self.depth, like.shape[0], rows, *like.shape[2:]) if not name.startswith("reset_") else \
+                (like.shape[0], rows, *like.shape[2:])
+            buf = self._buf[name] = torch.empty(shape, dtype=like.dtype, device=like.device)
+        return buf
+
+    # ---- saving -------------------------------------------------------------------------------------------
+    def save_chunk(self, cache, chunk: int) -> None:
+        """Before chunk `chunk`'s first write: keep its slots' current contents (one slice copy per tensor)."""
+        if self.depth == 0:
+            return
+        a, b = cache.layout.chunk_slot_range(chunk)
+        e = chunk % self.depth
+        for name, t in self._tensors(cache):
+            self._alloc(name, t, b - a)[e].copy_(t[:, a:b])
+        self.chunk_of[e] = chunk
+        self._has_image[e] = _separate_image(cache)
+
+    def save_reset(self, cache, chunk: int) -> None:
+        """Before the position reset that begins chunk `chunk` rotates the window's keys: snapshot them."""
+        if self.depth == 0:
+            return
+        if self.reset_chunk is not None and chunk - self.reset_chunk <= self.depth:
+            raise RuntimeError(f"ring undo log: a position reset at chunk {chunk} while the reset at chunk "
+                               f"{self.reset_chunk} is still within rewind_chunks = {self.depth}; expected resets "
+                               f"more than rewind_chunks apart (t_limit − window_chunks > rewind_chunks)")
+        s = cache.layout.sink
+        for name, t in self._key_tensors(cache):
+            self._alloc("reset_" + name, t, t.shape[1] - s).copy_(t[:, s:])
+        self.reset_chunk = chunk
+        self._reset_has_image = _separate_image(cache)
+
+    # ---- restoring ----------------------------------------------------------------------------------------
+    def oldest(self, next_chunk: int) -> int:
+        """The oldest chunk this log can rewind to when `next_chunk` is the next chunk to generate (≥ 1: rewinding
+        to 0 is a session reset, done by the cache)."""
+        lo = next_chunk
+        if self.depth == 0:
+            return lo
+        while lo > max(1, next_chunk - self.depth) and self.chunk_of[(lo - 1) % self.depth] == lo - 1:
+            lo -= 1
+        return lo
+
+    def restore(self, cache, to_chunk: int, next_chunk: int) -> None:
+        """Undo chunks next_chunk − 1 … to_chunk, newest first (and the reset snapshot when its chunk is undone),
+        into the ring's own tensors. The caller checked `oldest(next_chunk) ≤ to_chunk`."""
+        s = cache.layout.sink
+        for c in range(next_chunk - 1, to_chunk - 1, -1):
+            e = c % self.depth
+            a, b = cache.layout.chunk_slot_range(c)
+            for name, t in self._tensors(cache, image=self._has_image[e]):
+                t[:, a:b].copy_(self._buf[name][e])
+            if _separate_image(cache) and not self._has_image[e]:  # saved before the image existed
+                for layer in range(cache.layers):
+                    cache.refresh_image(layer, torch.arange(a, b, device=cache.device))
+            self.chunk_of[e] = -1
+            if self.reset_chunk == c:
+                for name, t in self._key_tensors(cache, image=self._reset_has_image):
+                    t[:, s:].copy_(self._buf["reset_" + name])
+                if _separate_image(cache) and not self._reset_has_image:
+                    window = torch.arange(s, cache.layout.slots, device=cache.device)
+                    for layer in range(cache.layers):
+                        cache.refresh_image(layer, window, keys_only=True)
+                self.reset_chunk = None
+
+    # ---- helpers ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _tensors(cache, image: bool = True):
+        out = [("k", cache.k), ("v", cache.v), ("k_scale", cache.k_scale), ("v_scale", cache.v_scale)]
+        if image and _separate_image(cache):
+            out += [("k_image", cache.k_image), ("v_image", cache.v_image)]
+        return out
+
+    @staticmethod
+    def _key_tensors(cache, image: bool = True):
+        out = [("k", cache.k), ("k_scale", cache.k_scale)]
+        if image and _separate_image(cache):
+            out.append(("k_image", cache.k_image))
+        return out
