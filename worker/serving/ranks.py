@@ -181,6 +181,9 @@ class DitFollower:
                 self.begin(c)
             elif c.op is Op.CHUNK:
                 self.chunk(c)
+            elif c.op is Op.REWIND:
+                self.generator.rewind(c.chunk)
+                self.trace.write(event="rewind", session=c.session, chunk=c.chunk)
             elif c.op is Op.END:
                 self.trace.write(event="end", session=c.session, chunks=self.generator.chunk)
                 self.trace.close()

@@ -16,10 +16,18 @@ the `SessionRunner` the worker service drives (vivant.worker.serving.service): t
                             started the chunk), CHUNK + PCM to the DiT ranks, the tensor-parallel passes, the
                             latents and PCM to the decoder rank (asynchronously); a session error the decoder rank
                             reported ends the session with its reason
+                            — when the chunk begins a new speech turn, a rewind first (below)
   end(reason)               END to every rank; the decoder rank plays out, closes the sinks and acknowledges
   end_reason                the room's reason to end (the agent left, END_CALL, the room disconnected), which the
                             service checks at every chunk boundary
   idle()                    an IDLE tick to every rank (between sessions, once per inbox poll)
+
+Rewind at a turn start (docs/ARCHITECTURE.md): before taking a chunk whose first sample starts a new turn (the agent's
+speech after silence, after `lk.clear_buffer`, or a `--speak` file), rank 0 asks the decoder rank (REWIND on the
+link, with the lead to keep: a few recent diffuse times) where generation restarts; the decoder rank drops what was
+not shown (`Playout.rewind`) and answers r; rank 0 sends REWIND r to every DiT rank before the next CHUNK word, and
+rewinds its generator and its audio input to r, so the turn's speech is taken by chunk r. Runners without a playout
+(generator, livekit) answer the next chunk: no rewind.
 
 Any failure of a collective or of a rank is a `RankFailure` naming the rank (the supervisor's reason when a
 child died), which the service turns into the session's end reason before the worker exits non-zero.
@@ -77,6 +85,8 @@ class RankRuntime:
         self._feed: RoomFeed | None = None
         self._trace = SessionTrace(None, 0)
         self._open = False
+        self._diffuse_ms: list[float] = []
+        self.rewinds: list[tuple[int, int]] = []  # (next chunk, r) of this session's rewinds
 
     # ---- forming the ranks ------------------------------------------------------------------------------
     def start(self, ready_timeout_s: float = 600.0) -> RankRuntime:
@@ -131,6 +141,8 @@ class RankRuntime:
             except ValueError as exc:
                 raise SessionInputError(f"--speak {self.spec.speak}: {exc}") from exc
         self._audio = audio
+        self._diffuse_ms = []
+        self.rewinds = []
         self.sessions += 1
         self.generator.reset_session(assignment.seed)
         self.apply_flags(flags)
@@ -202,6 +214,8 @@ class RankRuntime:
                 self._room_events()
             except ValueError as exc:  # the agent's audio: a rate out of range, more than the input holds
                 raise SessionInputError(f"room audio: {exc}") from exc
+        if self._audio.turn_starts_next() and self.generator.chunk > 0:
+            self._rewind()
         gen, n = self.generator, self.generator.chunk
         chunk = self._audio.next_chunk()
         ends_segment = self._feed is not None and self._feed.ends_segment(chunk)
@@ -223,10 +237,31 @@ class RankRuntime:
             return out, ms
 
         out, ms = self._collective(run)
+        self._diffuse_ms = (self._diffuse_ms + [ms])[-8:]
         self._trace.write(event="chunk", session=self.sessions, chunk=n, path=self.kernel_path.value,
                           diffuse_ms=round(ms, 3), speech_samples=chunk.speech_samples)
         fault = not bool(np.isfinite(out.latents.cpu().numpy()).all())
         return ChunkReport(index=n, compute_ms=ms, frames=self.frames_per_chunk, numerical_fault=fault)
+
+    @property
+    def audio_in(self) -> AudioInput | None:
+        """The session's audio input (None between sessions): the room feed pushes the agent's speech into it."""
+        return self._audio
+
+    def _rewind(self) -> None:
+        """A turn starts with the next chunk: rewind every rank to where the decoder rank says (module docstring)."""
+        gen, n = self.generator, self.generator.chunk
+        oldest = max(gen.cache.oldest_rewind(), self._audio.oldest_rewind())
+        lead_s = 1.5 * max(self._diffuse_ms, default=0.0) / 1e3  # time to diffuse chunk r again, with a margin
+        r, dropped = self._collective(lambda: self.link.request_rewind(self.sessions, n, lead_s, oldest))
+        if r != n:
+            self._collective(lambda: self.bus.publish(Control(Op.REWIND, self.sessions, r)))
+            gen.rewind(r)
+            self._audio.rewind(r)
+        self.rewinds.append((n, r))
+        self._trace.write(event="rewind", session=self.sessions, chunk=r, next_chunk=n, dropped=dropped)
+        log.info("session %d: a turn starts before chunk %d; rewound to chunk %d (%d chunks dropped)",
+                 self.sessions, n, r, dropped)
 
     def end(self, reason: str) -> PlayoutAccount | None:
         """END on every rank; the decoder rank's acknowledgement is the playout's account (frames, stalls)."""

@@ -11,13 +11,19 @@ knows what comes next and every rank issues the same collectives in the same ord
         the payload (uint8, JSON: the session; the end reason); for CHUNK, times float64 [2] (audio taken,
         diffused: CLOCK_MONOTONIC seconds, shared by the processes of one host), latents float32 [C, h, w],
         PCM float32 [max_samples]; speech samples and "ends segment" say what the chunk's audio is (the LiveKit
-        output publishes speech and marks a segment's end)
+        output publishes speech and marks a segment's end); REWIND: [REWIND, session, next chunk, lead µs, oldest,
+        0, 0, 0], answered by
+    rewind answer (the decoder rank → rank 0, after REWIND), int64 [8]:
+        [session, r, chunks dropped, 0, …]: r is the chunk generation restarts at (`Playout.rewind(lead, oldest=…)`;
+        the next chunk, i.e. no rewind, for runners without a playout: generator, livekit)
     acknowledgement (the decoder rank → rank 0, after END), int64 [8]:
         [session, chunks, frames published, generated frames published, stalls, repeated frames, error bytes, 0]
         then the error text (uint8, UTF-8) when there is one
 
 Ops: IDLE (a tick while no session runs, so no rank waits on a collective for longer than the tick interval:
-the process group's timeout can then stay short), BEGIN, CHUNK, END, SHUTDOWN. The fused bit travels in every
+the process group's timeout can then stay short), BEGIN, CHUNK, END, SHUTDOWN, REWIND (a turn starts: rank 0 asks
+the decoder rank where to restart, then tells every DiT rank; all rewind before the next CHUNK word, so the
+collectives still pair; docs/ARCHITECTURE.md, "Rewind at a turn start"). The fused bit travels in every
 CHUNK word: the fused and unfused row-parallel steps issue different collectives, so every DiT rank must
 switch at the same chunk boundary. Rank 0's link sends are asynchronous (isend): it starts diffusing chunk
 n + 1 while chunk n is on the wire, and waits for a send only before the next one, which bounds how far it
@@ -43,6 +49,7 @@ class Op(IntEnum):
     CHUNK = 2
     END = 3
     SHUTDOWN = 4
+    REWIND = 5
 
 
 def max_samples(cfg) -> int:
@@ -118,6 +125,8 @@ class LinkMessage:
     speech_samples: int = 0  # CHUNK: samples of speech in pcm (the rest is silence)
     ends_segment: bool = False  # CHUNK: the last chunk of a finished speech segment
     clear_epoch: int = 0  # CHUNK: interrupts (lk.clear_buffer) rank 0 had applied when it took the chunk's audio
+    lead_s: float = 0.0  # REWIND: keep the chunks due within this many seconds (the pipeline's time to make one)
+    oldest: int = 0  # REWIND: the earliest chunk rank 0 can rewind to (its undo logs' depth)
 
 
 @dataclass(frozen=True)
@@ -184,6 +193,21 @@ class DecoderLink:
         self._send([word, torch.tensor(times, dtype=torch.float64),
                     latents.detach().to(torch.float32).contiguous(), audio], wait=False)
 
+    def request_rewind(self, session: int, next_chunk: int, lead_s: float, oldest: int) -> tuple[int, int]:
+        """A turn starts before chunk `next_chunk`: REWIND to the decoder rank, which drops what was not shown and
+        answers (r, chunks dropped); oldest ≤ r ≤ next_chunk."""
+        self._send([self._word(Op.REWIND, session, next_chunk, round(lead_s * 1e6), oldest)], wait=True)
+        word = torch.zeros(WORDS, dtype=torch.int64, device=self.device)
+        dist.recv(word, src=self.peer, group=self.group)
+        session_, r, dropped = (int(v) for v in word.tolist()[:3])
+        if session_ != session or not oldest <= r <= next_chunk:
+            raise RuntimeError(f"rewind answer: session {session_} r = {r}; expected session {session} and "
+                               f"{oldest} ≤ r ≤ {next_chunk}")
+        return r, dropped
+
+    def send_rewind_answer(self, session: int, r: int, dropped: int) -> None:
+        dist.send(self._word(session, r, dropped).to(self.device), dst=self.peer, group=self.group)
+
     def send_end(self, session: int, reason: str) -> Ack:
         """END, then the decoder rank's acknowledgement (it has played out and closed the session's sinks)."""
         data = _json_bytes({"reason": reason})
@@ -218,6 +242,8 @@ class DecoderLink:
             return LinkMessage(op, session, chunk, latents=latents, pcm=audio[:samples].cpu().numpy().copy(),
                                times=(t_taken, t_diffused), speech_samples=speech, ends_segment=bool(ends),
                                clear_epoch=epoch)
+        if op is Op.REWIND:
+            return LinkMessage(op, session, chunk, lead_s=samples / 1e6, oldest=payload_len)
         return LinkMessage(op, session, chunk)
 
     def send_ack(self, ack: Ack) -> None:

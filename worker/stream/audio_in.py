@@ -103,6 +103,7 @@ class AudioInput:
         self.history_chunks = history_chunks
         self._taken: deque[_Taken] = deque(maxlen=history_chunks or None)
         self._clears = 0
+        self._last_had_speech = False  # the chunk taken last carried speech
         self.config = config or AudioInConfig()
         self.clock = clock or MonotonicClock()
         self.sample_rate = int(grid.audio_sample_rate)
@@ -170,6 +171,7 @@ class AudioInput:
             self.cleared_samples += dropped
             self.last_cut_chunk = self._next
             self._clears += 1
+            self._last_had_speech = False  # the speech ahead was interrupted: a new turn may rewind over it
             return dropped
 
     def rewind(self, to_chunk: int) -> int:
@@ -195,6 +197,7 @@ class AudioInput:
                     self._pending_samples += len(piece.pcm)
                     returned += len(piece.pcm)
             self._next = to_chunk
+            self._last_had_speech = bool(self._taken) and any(len(p.pcm) for p in self._taken[-1].pieces)
             if self.last_cut_chunk is not None and self.last_cut_chunk > to_chunk:
                 self.last_cut_chunk = to_chunk
             return returned
@@ -203,6 +206,19 @@ class AudioInput:
     @property
     def next_index(self) -> int:
         return self._next
+
+    def turn_starts_next(self) -> bool:
+        """Whether the next chunk begins with a new turn's first sample (the front of the queue starts a turn) and
+        the chunk before it was silent, so what was made ahead of playback was made from silence: where a served
+        session rewinds (docs/ARCHITECTURE.md, "Rewind at a turn start"). A turn queued right behind speech still
+        playing continues it: no rewind; after `clear_buffer` the interrupted speech ahead may be rewound over."""
+        with self._lock:
+            return bool(self._pending) and self._pending[0].turn is not None and not self._last_had_speech
+
+    def oldest_rewind(self) -> int:
+        """The earliest chunk `rewind` can return to now."""
+        with self._lock:
+            return self._next - len(self._taken)
 
     def pending_samples(self) -> int:
         with self._lock:
@@ -236,6 +252,7 @@ class AudioInput:
             self._pending_samples -= got
             if self.history_chunks:
                 self._taken.append(_Taken(n, pieces, self._clears))
+            self._last_had_speech = got > 0
             self._next += 1
             return ChunkAudio(index=n, samples=out, speech_samples=got, turns=turns)
 

@@ -105,6 +105,14 @@ class DecoderStage:
             self._last_done = -1
             self._snapshots = {}
 
+    def oldest_rewind(self) -> int:
+        """The earliest chunk `rewind` can return to now (its causal state is kept, or nothing was decoded since)."""
+        with self.lock:
+            done = self._last_done if self._inflight is None else max(self._last_done, self._inflight)
+            if done < 0 or 0 in self._snapshots:
+                return 0
+            return min(self._snapshots) + 1 if self._snapshots else done + 1
+
     def rewind(self, to_chunk: int) -> list[int]:
         """Drop the chunks ≥ `to_chunk` queued or being decoded and make the causal state the one after chunk
         `to_chunk` − 1 (module docstring). Returns the indices dropped from the queue. ValueError naming `to_chunk`

@@ -277,29 +277,30 @@ class Pacer:
             self._cond.notify_all()
             return dropped
 
-    def drop_unstarted(self, keep_until_s: float) -> int:
+    def drop_unstarted(self, keep_until_s: float, *, oldest: int = 0) -> int:
         """Drop every buffered chunk whose first frame has not been published and is due later than `keep_until_s`
         (clock seconds), and every later one; returns r, the index of the first chunk dropped or not yet pushed —
-        the rewind point: the next `push` must carry chunk r.
+        the rewind point: the next chunk pushed after the producer rewound is r.
 
         The half-shown rule: a chunk with ≥ 1 frame published is shown and plays to its end (it is kept, whatever
         its remaining frames' due times). Before playout has started (no t0) nothing is shown and no due time is
-        known, so every buffered chunk is dropped. Chunks below r that are kept play as they would have."""
+        known, so every buffered chunk is dropped. Chunks below r that are kept play as they would have. Chunks
+        below `oldest` are always kept (the producer cannot rewind further than its undo logs hold)."""
         c = self.config
         with self._cond:
             keep: deque[DecodedChunk] = deque()
-            r = self._next_chunk
+            r = max(self._next_chunk, oldest)  # nothing buffered is dropped: the first chunk not pushed (or oldest)
             for i, chunk in enumerate(self._chunks):
                 started = i == 0 and self._frame_in_chunk > 0
                 due = None if self.t0 is None else \
                     self.t0 + (self._slot + i * c.frames_per_chunk - self._frame_in_chunk) / c.fps
-                if started or (due is not None and due <= keep_until_s):
+                if started or chunk.index < oldest or (due is not None and due <= keep_until_s):
                     keep.append(chunk)
                     continue
                 r = chunk.index
                 break
             self._chunks = keep
-            self._next_chunk = r
+            self._next_chunk = min(self._next_chunk, r)
             self._discard_below = min(self._discard_below, r)
             self._retired = min(self._retired, r - 1)
             self._depth.append((self.clock.now(), len(self._chunks)))

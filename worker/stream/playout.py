@@ -213,17 +213,18 @@ class Playout:
     def discard_speech_before(self, index: int) -> list[int]:
         return self.pacer.discard_speech_before(index)
 
-    def rewind(self, min_lead_s: float = 0.0) -> int:
+    def rewind(self, min_lead_s: float = 0.0, *, oldest: int = 0) -> int:
         """At a turn start: r = the first chunk not begun and not due within `min_lead_s` seconds from now. Drops
         chunks ≥ r from the pacer and the decoder stage, rewinds the decoder's causal state to after r − 1, records
         the rewind (`rewinds`) and returns r; the producer submits chunk r next (its generator and audio input
-        rewound to r). The half-shown rule and the drop are the pacer's (`Pacer.drop_unstarted`). Holds the decoder
+        rewound to r). r ≥ `oldest` (the producer's undo logs hold chunks from there). The half-shown rule and the drop are the pacer's (`Pacer.drop_unstarted`). Holds the decoder
         stage's lock, so no chunk reaches the pacer between the two drops."""
         if not min_lead_s >= 0:
             raise ValueError(f"rewind min_lead_s = {min_lead_s!r}; expected seconds ≥ 0")
         with self.decoder.lock:
             buffered = self.pacer.buffered_indices()
-            r = self.pacer.drop_unstarted(self.clock.now() + min_lead_s)
+            oldest = max(oldest, self.decoder.oldest_rewind())
+            r = self.pacer.drop_unstarted(self.clock.now() + min_lead_s, oldest=oldest)
             dropped = [i for i in buffered if i >= r] + self.decoder.rewind(r)
             self.submitted = min(self.submitted, r)
         with self._lock:
