@@ -372,7 +372,8 @@ def run(args) -> int:
     result["init"] = args.init
     result["fast_accum"] = args.fast_accum
     options = EngineOptions(fp8=True, attention=args.attn_backend, kv_splits=splits, fast_accum=args.fast_accum,
-                            cuda_graphs=not args.no_graphs, ring=getattr(args, "ring", "fp8"))
+                            cuda_graphs=not args.no_graphs,
+                            ring=getattr(args, "ring", None) or EngineOptions.served("cuda").ring)
     result["ring"] = options.ring.value
     fast = Engine.build(model, options, inplace=not keep_bf16)  # keep_bf16: the float model stays the baseline
     result["weights_gb"] = torch.cuda.memory_allocated() / 1e9

@@ -46,6 +46,11 @@ step session "served runtime: 60 s ref session, 1 DiT rank + decoder on the same
 # the quality gate on what is served: the engine a worker runs (FP8 parts, CUDA graphs) vs the float32 path, ref
 step quality "eval quality: served engine on ref vs float32, held-out speech" bash -c "python3 -m vivant eval quality \
     --device cuda --wav weights/ref/data/held_out.wav --seconds ${QUALITY_SECONDS:-60} --json > $OUT/quality_ref_cuda.json"
+# the FP8-native ref checkpoint (worker/train/fp8_native.py), written on the machine, and the quality gate on it
+step native "FP8-native ref checkpoint, then the quality gate on it" bash -c "python3 -m vivant train fp8-native \
+    --out /tmp/ref_fp8_native > $OUT/fp8_native_record.json && python3 -m vivant eval quality --device cuda \
+    --weights /tmp/ref_fp8_native --wav weights/ref/data/held_out.wav --seconds ${QUALITY_SECONDS:-60} --json \
+    > $OUT/quality_ref_fp8_native_cuda.json"
 # which FP8 rounding moves the trained model, with the served engine's own parts (bench/fp8_sensitivity.py)
 step sensitivity "fp8 sensitivity on ref, the served engine's parts" python3 bench/fp8_sensitivity.py --device cuda \
     --seconds ${SENSITIVITY_SECONDS:-20} --out "$OUT/fp8_sensitivity_ref_cuda.json"

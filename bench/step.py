@@ -57,8 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "or auto (worker/model/fast_parts.py auto_kv_splits)")
     p.add_argument("--fast-accum", action="store_true", help="GPU: cuBLASLt FP8 fast accumulation in the GEMMs")
     p.add_argument("--no-graphs", action="store_true", help="GPU: run passes eagerly (no CUDA graphs)")
-    p.add_argument("--ring", default="fp8", choices=["fp8", "bf16"],
-                   help="GPU: the FP8 parts' ring storage (EngineOptions.ring; bf16 needs the image attention)")
+    p.add_argument("--ring", default=None, choices=["fp8", "bf16"],
+                   help="GPU: the FP8 parts' ring storage (EngineOptions.ring; bf16 needs the image attention); "
+                        "default: the served engine's")
     p.add_argument("--numerics-chunks", type=int, default=0, help="GPU: also compare modes over this many chunks")
     p.add_argument("--numerics-t-limit", type=int, default=40, help="GPU: t_limit for the numerics run (forces resets)")
     p.add_argument("--json", action="store_true", help="print only the JSON document")

@@ -56,8 +56,8 @@ def test_fast_on_cpu_is_the_fp8_parts_without_graphs():
 
 def test_served_options_on_cuda_are_the_measured_configuration():
     opts = EngineOptions.served("cuda")
-    assert (opts.fp8, opts.attention, opts.kv_splits, opts.fast_accum, opts.cuda_graphs) == \
-        (True, AttentionBackend.IMAGE, "auto", True, True), f"served on CUDA: {opts}"
+    assert (opts.fp8, opts.attention, opts.kv_splits, opts.fast_accum, opts.cuda_graphs, opts.ring) == \
+        (True, AttentionBackend.IMAGE, "auto", True, True, "bf16"), f"served on CUDA: {opts}"
 
 
 def test_fast_engine_tracks_the_model_engine_with_the_same_seed():

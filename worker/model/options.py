@@ -123,11 +123,15 @@ class EngineOptions:
 
     @classmethod
     def served(cls, device: str | torch.device) -> EngineOptions:
-        """The fast parts as the worker serves them (engine `fast`): on CUDA, image attention with split-KV
-        'auto', fast accumulation and CUDA graphs; on a CPU (tests), the kernels' float32 twins, eagerly."""
+        """The fast parts as the worker serves them (engine `fast`): on CUDA, a bf16 ring read by image attention
+        with split-KV 'auto', fast accumulation and CUDA graphs; on a CPU (tests), the kernels' float32 twins over
+        the FP8 ring, eagerly. Why a bf16 ring: attention reads bf16 either way, and the FP8 ring's rounding of K/V
+        is a large share of the served engine's difference from the float32 model on trained weights
+        (docs/BENCHMARKS.md)."""
         cuda = torch.device(device).type == "cuda"
         return cls(fp8=True, attention=AttentionBackend.IMAGE if cuda else AttentionBackend.TORCH,
-                   kv_splits="auto" if cuda else 1, fast_accum=cuda, cuda_graphs=cuda)
+                   kv_splits="auto" if cuda else 1, fast_accum=cuda, cuda_graphs=cuda,
+                   ring=RingFormat.BF16 if cuda else RingFormat.FP8)
 
     def replace(self, **changes: object) -> EngineOptions:
         return dataclasses.replace(self, **changes)

@@ -37,7 +37,11 @@ from vivant.worker.train.train_vae import encode_all, train_vae
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("what", choices=["ref"], help="what to train (the reference character)")
+    p.add_argument("what", choices=["ref", "fp8-native"],
+                   help="ref: train the reference character; fp8-native: put the ref DiT's projection weights on the "
+                        "served FP8 grid (worker/train/fp8_native.py)")
+    p.add_argument("--from", dest="source", default=None,
+                   help="fp8-native: the ref weights to start from (default weights/ref)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--minutes", type=float, default=6.0, help="training wall-clock budget (VAE + DiT)")
     p.add_argument("--seed", type=int, default=0)
@@ -56,6 +60,15 @@ def default_data_path() -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.what == "fp8-native":
+        from vivant.worker.train.fp8_native import write_fp8_native
+
+        src = Path(args.source) if args.source else default_weights_dir()
+        if not (src / DIT_FILE).is_file():
+            raise ValueError(f"--from {str(src)!r}: {DIT_FILE} is missing; expected the output of `vivant train ref`")
+        record = write_fp8_native(src, Path(args.out))
+        print(json.dumps(record, indent=1))
+        return 0
     if not args.minutes > 0:
         raise ValueError(f"--minutes = {args.minutes}; expected > 0")
     if not 0 < args.vae_share < 1:
