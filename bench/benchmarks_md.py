@@ -538,6 +538,53 @@ On the 2-core development machine the two modes run within a few percent of each
 slots; whole-cache work is negligible there) and agree to < 0.1% relative RMS.""")
 
 
+# ------------------------------------------------------------------ turn latency by stage (vivant bench turn)
+def _ms(s: dict, k: str = "p50") -> str:
+    return "—" if not s or s.get("n", 0) == 0 or s.get(k) is None else f"{s[k]:.0f}"
+
+
+def _turn_row(name: str, r: dict) -> str:
+    st = r["stages_ms"]
+    step = f"{r['step_ms']:g} ms (padded)" if r["step_padded"] else "as is"
+    av = r["max_abs_av_offset_after_rewind_ms"]
+    stages = " | ".join(f"{_ms(st[k])} / {_ms(st[k], 'p99')}" for k in ("rewound", "diffused", "decoded"))
+    model = f"{r['preset']} on {r['device']}" + ("" if r.get("rewind", True) else ", **no rewind**")
+    return (f"| `{name}` | {model} | {step} | {r['turns']} ({r['turns_rewound']}) | {stages} | "
+            f"**{_ms(r['share_ms'])}** / {_ms(r['share_ms'], 'p99')} | **{r['stalls']}** | {r['lead_chunks']} "
+            f"(changes {len(r['lead_changes']) - 1}) | {'—' if av is None else f'{av:.1f}'} | {r['delivered_fps']:.1f} |")
+
+
+def turn_section() -> str:
+    files = sorted(R.glob("turn_*.json"))
+    docs = [json.loads(f.read_text()) for f in files]
+    rows = "\n".join(_turn_row(f.name, d) for f, d in zip(files, docs, strict=True))
+    cpu = next((d for d in docs if d["device"] == "cpu"), None)
+    cmds = "\n".join(d["command"] for d in docs)
+    machine = f"{cpu['machine']['cores']} cores, torch {cpu['machine']['torch']}" if cpu else "none yet"
+    return f"""## Turn latency by stage: rewind at a turn start, the fitted lead (`vivant bench turn`)
+
+```
+{cmds}
+```
+The streaming loop on the wall clock (`bench/turn.py`): ≥ 20 turns of a synthetic voiced signal, each after the
+previous turn played out and a silence of varying length (turns start at varying phases of the chunk clock), one of
+them interrupted by `clear_buffer` and followed by a turn. Each turn rewinds the generator, the audio input and the
+decoder to the last chunk shown (docs/ARCHITECTURE.md, "Turns: rewind and lead"). Stages are ms from the turn's
+first sample pushed, p50 / p99 over turns; the share is audio in → first frame carrying the turn's first sample
+published. Goals: share ≤ 350 ms at the 57b per-rank step time, ≤ 100 ms with `ref` on one GPU; 0 stalls;
+|A/V| ≤ one frame (41.7 ms). CPU rows: {machine} (the shared development machine; `ref` on its 2 cores is
+slower than real time, so they show the mechanism and its stalls, not the goals). A row marked **no rewind** is
+the same script with `--no-rewind`: each turn's speech waits behind the chunks already made.
+
+| JSON | model | diffusion step | turns (rewound) | rewound ms | diffused ms | decoded ms | **share ms** | stalls | lead (chunks) | max \\|A/V\\| after rewinds, ms | fps |
+|---|---|---|---|---|---|---|---|---|---|---|---|
+{rows}"""
+
+
+print()
+print(turn_section())
+
+
 # ------------------------------------------------------------------ the control plane at fleet scale (CPU)
 FLEET_FILES = ("fleet_before_1000.json", "fleet_after_1000.json", "fleet_after-failover_1000.json")
 fb, fa, ff = (load(x) for x in FLEET_FILES)

@@ -4,6 +4,7 @@
   decode  the VAE decoder and the two-stage pipeline (bench/decode.py)
   call    the whole LiveKit call on this machine, measured at the receiving participant (bench/livekit_call.py)
   fleet   the control plane with a thousand sessions on simulated GPU nodes (bench/fleet/)
+  turn    turn latency through the streaming loop by stage, with rewinds and an interruption (bench/turn.py)
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import argparse
 import importlib
 
 BENCHES = {"step": "vivant.bench.step", "decode": "vivant.bench.decode", "call": "vivant.bench.livekit_call",
-           "fleet": "vivant.bench.fleet.run"}
+           "fleet": "vivant.bench.fleet.run", "turn": "vivant.bench.turn"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -47,7 +47,7 @@ def streamed():
     vae = build_vae_decoder(LOOP_VAE)
     sink = CollectingSink()
     metrics = WorkerMetrics(pool="ns/test-pool", registry=CollectorRegistry())
-    pipe = StreamPipeline(gen, vae, [sink], metrics=metrics, session="s1")
+    pipe = StreamPipeline(gen, vae, [sink], metrics=metrics, session="s1", rewind_on_turn=False)  # rewinds: test_turn_rewind
 
     clear_at: list[float] = []
 

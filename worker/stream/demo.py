@@ -5,7 +5,9 @@ What runs: the trained reference character (`ref` preset, weights from weights/r
 → the causal VAE decoder on its own thread (the decoder stage) → the 24 fps pacer on the wall clock → sinks. The speech is a wav that espeak-ng speaks at run
 time (22.05 kHz, resampled to the model's 16 kHz by the audio input). The script: the character
 listens (idle chunks) for a moment, speaks a turn, listens again, starts a second turn and is
-interrupted halfway through it (`clear_buffer`), then listens until the end.
+interrupted halfway through it (`clear_buffer`), listens briefly, speaks a third turn, then listens until the
+end. Each turn starts with a rewind to the last chunk on screen (vivant.worker.stream.pipeline); the report
+prints each turn's latency by stage (audio in → rewound → diffused → decoded → first frame published).
 
 Two timelines, stated in the report: the live pacer runs on the wall clock and records every stall
 honestly (on 2 CPU cores the loop may be slower than real time); the MP4 (`--out`) is the content
@@ -67,11 +69,13 @@ def speak_to_wav(text: str, path: Path) -> Path:
 
 
 def demo_script(speech: np.ndarray, rate: int, chunks: int, chunk_s: float):
-    """Chunk-indexed actions: idle, turn 0, idle, turn 1 cut halfway by clear_buffer, idle."""
+    """Actions by loop step (chunks taken so far; rewinds make the step run ahead of the chunk index): idle,
+    turn 0, idle, turn 1 cut halfway by clear_buffer, idle, turn 2, idle."""
     speech_chunks = math.ceil(len(speech) / rate / chunk_s)
     turn0 = 3
     turn1 = turn0 + speech_chunks + 6
     cut = turn1 + max(1, speech_chunks // 2)
+    turn2 = cut + 4
     events: list[str] = []
 
     def push_turn(pipe: StreamPipeline) -> None:
@@ -81,15 +85,19 @@ def demo_script(speech: np.ndarray, rate: int, chunks: int, chunk_s: float):
         pipe.audio_in.end_segment()
 
     def before_chunk(n: int, pipe: StreamPipeline) -> None:
-        if n == turn0 and n < chunks:
+        at = f"step {n} (next chunk {pipe.next_index})"
+        if n == turn0:
             push_turn(pipe)
-            events.append(f"chunk {n}: turn 0 pushed ({len(speech) / rate:.2f} s of speech at {rate} Hz)")
-        elif n == turn1 and n < chunks:
+            events.append(f"{at}: turn 0 pushed ({len(speech) / rate:.2f} s of speech at {rate} Hz)")
+        elif n == turn1:
             push_turn(pipe)
-            events.append(f"chunk {n}: turn 1 pushed")
-        elif n == cut and n < chunks:
+            events.append(f"{at}: turn 1 pushed")
+        elif n == cut:
             dropped = pipe.clear_buffer()
-            events.append(f"chunk {n}: clear_buffer (interrupt) dropped {dropped / pipe.cfg.audio_sample_rate:.2f} s")
+            events.append(f"{at}: clear_buffer (interrupt) dropped {dropped / pipe.cfg.audio_sample_rate:.2f} s")
+        elif n == turn2:
+            push_turn(pipe)
+            events.append(f"{at}: turn 2 pushed (after the interruption)")
 
     return before_chunk, events
 

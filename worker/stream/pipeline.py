@@ -3,9 +3,21 @@
 Why: this is where "as fast as it plays" is won or lost, so the loop measures itself. The generator runs on
 the caller's thread: it takes each chunk's audio from `AudioInput` (silence when nobody speaks: idle chunks are
 generated too), diffuses it and submits the latents to the `Playout` (vivant.worker.stream.playout: the
-decoder stage and the playout thread, so decode(n) overlaps diffuse(n + 1)), at most `max_lead_chunks` chunks
-ahead of playout. The report adds the diffusion times and the speech taken to the playout's measurements.
-The worker runs the same playout on its decoder rank, fed from the DiT ranks (vivant.worker.serving).
+decoder stage and the playout thread, so decode(n) overlaps diffuse(n + 1)), at most `lead` chunks ahead of
+playout (the lead fitted to the measured diffuse + decode times: vivant.worker.stream.lead). The report adds the
+diffusion times and the speech taken to the playout's measurements. The worker runs the same playout on its
+decoder rank, fed from the DiT ranks (vivant.worker.serving).
+
+Rewind at a turn start: the chunks generated ahead of playout were made from silence (a listening face), and new
+speech would wait behind all of them. So before taking a chunk whose audio holds a turn's first sample, the loop
+drops every chunk not begun and not due within `min_lead_s` (`Playout.rewind`, which also rewinds the decoder's
+causal state and returns r, the first chunk to make again), rewinds the generator's ring and positions to the state
+after chunk r − 1 (`ChunkGenerator.rewind`) and the audio input to chunk r (the turn's speech goes to chunk r), and
+goes on from r: the speech's first chunk is conditioned on exactly what the viewer saw. `min_lead_s` is the
+measured p99 of diffuse + decode (at least one frame), so chunk r is ready before its slot. Where a turn starts is
+`AudioInput.turn_starts_next` (the same rule as the served runtime's: a turn queued right behind speech still
+playing continues it, no rewind; after `clear_buffer` the next turn rewinds). r is never below what the
+generator's and the audio input's undo logs hold. See docs/ARCHITECTURE.md (Turns: rewind and lead).
 """
 
 from __future__ import annotations
@@ -16,6 +28,7 @@ from collections.abc import Callable
 
 from vivant.worker.stream.audio_in import AudioInput
 from vivant.worker.stream.decoder_stage import LatentChunk
+from vivant.worker.stream.lead import LeadConfig
 from vivant.worker.stream.pacer import Clock, MonotonicClock, PacerConfig
 from vivant.worker.stream.playout import Playout, StreamReport, TurnTrace, percentiles
 from vivant.worker.stream.sinks import FrameSink
@@ -30,19 +43,38 @@ class StreamPipeline:
 
     def __init__(self, generator, vae: VAEDecoder, sinks: list[FrameSink], audio_in: AudioInput | None = None,
                  pacer_config: PacerConfig | None = None, clock: Clock | None = None, decoder_queue_chunks: int = 2,
-                 metrics=None, session: str = "local", max_lead_chunks: int = 3) -> None:
+                 metrics=None, session: str = "local", max_lead_chunks: int = 3,
+                 lead_config: LeadConfig | None = None, rewind_on_turn: bool = True) -> None:
         self.cfg = generator.cfg
         self.generator = generator
         self.clock = clock or MonotonicClock()
         self.audio_in = audio_in or AudioInput(self.cfg, clock=self.clock)
+        lead_config = self._lead_config(lead_config, max_lead_chunks, pacer_config, rewind_on_turn)
         self.playout = Playout(self.cfg, vae, sinks, pacer_config=pacer_config, clock=self.clock,
                                decoder_queue_chunks=decoder_queue_chunks, metrics=metrics, session=session,
-                               max_lead_chunks=max_lead_chunks)
+                               max_lead_chunks=max_lead_chunks, lead_config=lead_config)
         self.pacer, self.decoder, self.sinks = self.playout.pacer, self.playout.decoder, self.playout.sinks
         self.metrics = metrics
         self.session = session
+        self.rewind_on_turn = rewind_on_turn
         self.diffuse_ms: list[float] = []
         self._speech_in = 0
+        self._next = 0  # index of the next chunk to take
+        self._last_speech_chunk = -1  # highest chunk taken with speech not cut by clear_buffer (−1: none)
+
+    def _lead_config(self, given: LeadConfig | None, max_lead_chunks: int, pacer_config: PacerConfig | None,
+                     rewind_on_turn: bool) -> LeadConfig:
+        """The lead's bounds: a rewind drops at most lead − 1 chunks (chunk n − lead is playing when n is taken),
+        so with rewinds on the lead may not exceed the generator's `rewind_chunks` + 1."""
+        buffer_chunks = (pacer_config or PacerConfig()).buffer_chunks
+        cap = self.generator.rewind_chunks + 1 if rewind_on_turn else buffer_chunks + 3
+        if given is None:
+            top = max(1, min(cap, max(max_lead_chunks, buffer_chunks + 3)))
+            return LeadConfig.for_model(self.cfg, initial_chunks=min(max_lead_chunks, top), max_chunks=top)
+        if given.max_chunks > cap:
+            raise ValueError(f"lead_config.max_chunks = {given.max_chunks}; expected ≤ {cap} (the generator's "
+                             f"rewind_chunks + 1: a rewind must reach every chunk not begun)")
+        return given
 
     # ---- control ------------------------------------------------------------------------------------
     def clear_buffer(self) -> int:
@@ -51,15 +83,49 @@ class StreamPipeline:
         so the speech stops within the chunk on screen. Returns the audio samples dropped."""
         dropped = self.audio_in.clear_buffer()
         self.playout.discard_speech_before(self.audio_in.last_cut_chunk)
+        self._last_speech_chunk = -1  # what was not on screen is discarded
         return dropped
+
+    @property
+    def next_index(self) -> int:
+        """Index of the chunk the loop takes next (it goes back at a rewind)."""
+        return self._next
+
+    def speech_queued(self) -> bool:
+        """True while speech waits in the audio input or its last chunk taken has not started playing."""
+        last = self._last_speech_chunk
+        return self.audio_in.pending_samples() > 0 or (last >= 0 and not self.pacer.wait_until_started(last + 1, 0))
+
+    def _turn_to_rewind(self) -> bool:
+        """A turn starts in the next chunk and the loop rewinds for it (it also ends the lead wait)."""
+        return self.rewind_on_turn and self._next > 0 and self.audio_in.turn_starts_next()
+
+    def _maybe_rewind(self) -> None:
+        """Rewind before taking the next chunk when a turn starts in it (module docstring)."""
+        if not self._turn_to_rewind():
+            return
+        n = self._next
+        oldest = max(self.generator.cache.oldest_rewind(), self.audio_in.oldest_rewind())
+        r = self.playout.rewind(self.playout.lead.min_lead_s(), oldest=oldest)
+        if not oldest <= r <= n:
+            raise RuntimeError(f"Playout.rewind returned chunk {r}; expected {oldest} ≤ r ≤ {n} (the chunk about "
+                               f"to be taken)")
+        self.generator.rewind(r)
+        self.audio_in.rewind(r)
+        self.playout.record_rewind(n)
+        self._next = r
+        self._last_speech_chunk = min(self._last_speech_chunk, r - 1)
 
     def turn_traces(self) -> list[TurnTrace]:
         return self.playout.turn_traces()
 
     def run(self, chunks: int, before_chunk: Callable[[int, StreamPipeline], None] | None = None, *,
             stop: threading.Event | None = None) -> StreamReport:
-        """Stream `chunks` chunks; `before_chunk(n, self)` runs on the generator thread before chunk n's
-        audio is taken (scripts push speech or interrupt there). Returns when the last frame is out.
+        """Stream `chunks` chunks of video (indices 0 … chunks − 1; a rewind makes some again, counted in the
+        report's `chunks_generated`). `before_chunk(step, self)` runs on the generator thread before each chunk's
+        audio is taken, `step` counting the chunks taken so far (0, 1, …; equal to the chunk index until the
+        first rewind; `self.next_index` is the index): scripts push speech or interrupt there. Returns when the
+        last frame is out.
 
         `stop` ends the stream early (a live session that ended): once it is set, checked before and
         after `before_chunk`, no further chunk is taken; chunks already taken are decoded and played
@@ -68,26 +134,36 @@ class StreamPipeline:
             raise ValueError(f"chunks: expected a positive number of chunks, got {chunks}")
         playout = self.playout.start()
         made = 0
+        step = 0
         errors: list[BaseException] = []
         try:
-            for n in range(chunks):
+            while self._next < chunks:
                 if playout.failed is not None or (stop is not None and stop.is_set()):
                     break
-                playout.wait_lead(n)
+                playout.wait_lead(self._next, self._turn_to_rewind)
                 if before_chunk is not None:
-                    before_chunk(n, self)
+                    before_chunk(step, self)
                 if stop is not None and stop.is_set():
                     break
+                self._maybe_rewind()
+                n = self._next
                 audio = self.audio_in.next_chunk()
+                if audio.index != n:
+                    raise RuntimeError(f"audio input gave chunk {audio.index}; expected {n} (the loop's index)")
                 self._speech_in += audio.speech_samples
+                if audio.speech_samples:
+                    self._last_speech_chunk = n
                 t_taken = self.clock.now()
                 t = time.perf_counter()
                 out = self.generator.generate_chunk(audio.samples, self.cfg.audio_sample_rate)
                 self.diffuse_ms.append((time.perf_counter() - t) * 1e3)
+                playout.observe_diffuse(self.diffuse_ms[-1] / 1e3)
                 t_diffused = self.clock.now()
                 playout.record_turns(audio.turns, t_diffused)
                 playout.submit(LatentChunk(n, out.latents, audio.samples, {"audio_taken": t_taken, "diffused": t_diffused}))
-                made = n + 1
+                self._next = n + 1
+                made = max(made, n + 1)
+                step += 1
                 if self.metrics is not None:
                     self.metrics.observe_chunk("diffuse", self.diffuse_ms[-1] / 1e3)
         except BaseException as exc:  # noqa: BLE001 (re-raised below, after the threads are stopped)
@@ -100,4 +176,4 @@ class StreamPipeline:
         if errors:
             raise errors[0]
         return playout.report(made, playout.production_seconds(), self.diffuse_ms, speech_samples_in=self._speech_in,
-                              cleared_samples=self.audio_in.cleared_samples)
+                              cleared_samples=self.audio_in.cleared_samples, chunks_generated=step)

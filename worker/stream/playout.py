@@ -18,20 +18,24 @@ pacer and the decoder stage, the decoder's causal state returns to after the las
 generates again from the returned chunk r (docs/ARCHITECTURE.md, "Rewind at a turn start"); each rewind is kept in
 `rewinds`.
 
-Lead limit: `wait_lead(n)` blocks the producer until chunk n may be taken (at most `max_lead_chunks` chunks
-before it plays), which bounds the latency the buffers add to a turn.
+Lead limit: `wait_lead(n)` blocks the producer until chunk n may be taken (chunk n − lead has started playing),
+which bounds the latency the buffers add to a turn. The lead is fitted to the measured diffuse + decode times
+by a `LeadController` (vivant.worker.stream.lead), starting from `max_lead_chunks`; the report gives the lead
+chosen and its changes. A rewind at a turn start is traced in the turn whose first sample starts the chunk rewound to,
+and the A/V offset of every generated frame of a rewound chunk is kept (its max |offset| is reported).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 from vivant.worker.stream.audio_in import TurnStart
 from vivant.worker.stream.decoder_stage import DecoderStage, LatentChunk
+from vivant.worker.stream.lead import LeadConfig, LeadController
 from vivant.worker.stream.pacer import (
     Clock,
     DecodedChunk,
@@ -45,26 +49,56 @@ from vivant.worker.stream.pacer import (
 from vivant.worker.stream.sinks import FrameSink
 from vivant.worker.stream.vae import VAEDecoder
 
+TURN_STAGES = ("rewound", "diffused", "decoded", "published")  # after "audio in" (the first sample pushed)
+
 
 @dataclass
 class TurnTrace:
+    """One speech turn's way to the screen, as clock times (s): its first sample pushed (audio in) → the rewind
+    done (None when the turn did not rewind) → the chunk carrying that sample diffused → decoded → its frame
+    published. `av_offset_ms`: that frame's A/V offset (audio position of its first sample minus its pts)."""
+
     turn: int
     pushed_s: float
     chunk_index: int | None = None
     first_frame: int | None = None  # generated frame index whose audio holds the turn's first sample
+    rewound_to: int | None = None  # chunk the generator was rewound to for this turn (None: no rewind)
+    rewound_s: float | None = None
     diffused_s: float | None = None
     decoded_s: float | None = None
     published_s: float | None = None
+    av_offset_ms: float | None = None
 
     @property
     def latency_s(self) -> float | None:
         return None if self.published_s is None else self.published_s - self.pushed_s
 
+    def stage_ms(self) -> dict[str, float | None]:
+        """ms from audio in to each stage of TURN_STAGES (None where the stage did not happen)."""
+        ms = lambda t: None if t is None else round((t - self.pushed_s) * 1e3, 2)  # noqa: E731
+        return {f"{name}_ms": ms(getattr(self, f"{name}_s")) for name in TURN_STAGES}
+
     def to_dict(self) -> dict:
         d = asdict(self)
-        ms = lambda t: None if t is None else round((t - self.pushed_s) * 1e3, 2)  # noqa: E731
-        d.update(diffused_ms=ms(self.diffused_s), decoded_ms=ms(self.decoded_s), published_ms=ms(self.published_s))
+        d.update(self.stage_ms())
         return d
+
+    def format_text(self) -> str:
+        d = self.stage_ms()
+        rewind = (f"→ rewound to chunk {self.rewound_to} {d['rewound_ms']} ms " if self.rewound_to is not None
+                  else "(no rewind) ")
+        head = f"turn {self.turn}: first sample in {rewind}→ diffused {d['diffused_ms']} ms"
+        if self.published_s is None:
+            return (f"{head}; never published (its chunk {self.chunk_index} was discarded by an interrupt "
+                    f"or the stream ended)")
+        return (f"{head} → decoded {d['decoded_ms']} ms → first frame published {d['published_ms']} ms "
+                f"(chunk {self.chunk_index}, frame {self.first_frame}, A/V offset {self.av_offset_ms} ms)")
+
+
+def turn_stage_percentiles(turns: list[dict]) -> dict[str, dict]:
+    """p50/p99/max over turns of each stage's ms from audio in (turns where the stage happened)."""
+    return {name: percentiles([t[f"{name}_ms"] for t in turns if t.get(f"{name}_ms") is not None])
+            for name in TURN_STAGES}
 
 
 def percentiles(values: list[float]) -> dict[str, float | int | None]:
@@ -98,6 +132,12 @@ class StreamReport:
     turns: list[dict]
     speech_samples_in: int
     cleared_samples: int
+    chunks_generated: int = 0  # chunks diffused, those dropped by rewinds included
+    rewinds: list[dict] = field(default_factory=list)  # per rewind: from_chunk, to_chunk, dropped, at_s (s since t0)
+    lead_chunks: int = 0  # the lead at the end of the stream
+    lead_changes: list[tuple[int, int]] = field(default_factory=list)  # (chunk index, lead from then on)
+    max_abs_av_offset_after_rewind_ms: float | None = None  # over generated frames of rewound chunks
+    turn_stages_ms: dict[str, dict] = field(default_factory=dict)  # TURN_STAGES: ms from audio in, over turns
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -111,7 +151,11 @@ class StreamReport:
             f"{self.repeated_frames} repeated frames; {len(self.discarded_chunks)} speech chunks discarded by interrupts",
             f"  real-time factor {self.real_time_factor:.2f} (busiest stage's compute s per s of video; ≤ 1 keeps "
             f"up); wall production {self.production_seconds:.2f} s for {self.content_seconds:.2f} s of video",
-            f"  A/V offset: max |offset| {self.max_abs_av_offset_ms:.3f} ms (one frame = {1000 / 24:.1f} ms)",
+            f"  A/V offset: max |offset| {self.max_abs_av_offset_ms:.3f} ms (one frame = {1000 / 24:.1f} ms); after "
+            f"rewinds: {'n/a' if self.max_abs_av_offset_after_rewind_ms is None else f'{self.max_abs_av_offset_after_rewind_ms:.3f} ms'}",
+            f"  lead: {self.lead_chunks} chunks at the end; changes (chunk: lead) "
+            + ", ".join(f"{c}: {lead}" for c, lead in self.lead_changes)
+            + f"; {len(self.rewinds)} rewinds, {self.chunks_generated} chunks generated for {self.chunks}",
             "  stage              n      p50 ms    p99 ms    max ms",
         ]
         for name, s in self.stages_ms.items():
@@ -123,14 +167,13 @@ class StreamReport:
             trace = " ".join(f"{t:.1f}s:{d}" for t, d in self.buffer_depth[::step])
             lines.append(f"  buffer depth (chunks) min {min(depths)} max {max(depths)}; over time: {trace}")
         for t in self.turns:
-            if t["published_ms"] is None:
-                lines.append(f"  turn {t['turn']}: first sample in → diffused {t['diffused_ms']} ms; never published "
-                             f"(its chunk {t['chunk_index']} was discarded by an interrupt or the stream ended)")
-                continue
-            lines.append(
-                f"  turn {t['turn']}: first sample in → diffused {t['diffused_ms']} ms → decoded {t['decoded_ms']} ms "
-                f"→ first frame published {t['published_ms']} ms (chunk {t['chunk_index']}, frame {t['first_frame']})"
-            )
+            fields = {k: t[k] for k in TurnTrace.__dataclass_fields__}
+            lines.append("  " + TurnTrace(**fields).format_text())
+        if self.turns:
+            lines.append("  turn stage (ms from audio in)  n      p50       p99")
+            for name, s in self.turn_stages_ms.items():
+                if s["n"]:
+                    lines.append(f"  {name:<29}{s['n']:>3} {s['p50']:>9.2f} {s['p99']:>9.2f}")
         return "\n".join(lines)
 
 
@@ -140,16 +183,17 @@ class Playout:
 
     def __init__(self, grid, vae: VAEDecoder, sinks: list[FrameSink], *, pacer_config: PacerConfig | None = None,
                  clock: Clock | None = None, decoder_queue_chunks: int = 2, metrics=None, session: str = "local",
-                 max_lead_chunks: int = 3) -> None:
+                 max_lead_chunks: int = 3, lead_config: LeadConfig | None = None) -> None:
         self.clock = clock or MonotonicClock()
         self.pacer = Pacer(pacer_config or PacerConfig.for_model(grid), self.clock)
         if self.pacer.config.fps != grid.fps or self.pacer.config.frames_per_chunk != grid.frames_per_chunk:
             raise ValueError(f"pacer_config: expected fps {grid.fps} and frames_per_chunk "
                              f"{grid.frames_per_chunk} (the model's), got {self.pacer.config}")
-        if max_lead_chunks < self.pacer.config.start_chunks:
-            raise ValueError(f"max_lead_chunks = {max_lead_chunks}; expected ≥ the pacer's start_chunks = "
-                             f"{self.pacer.config.start_chunks} (else playout never starts)")
-        self.max_lead_chunks = max_lead_chunks
+        self.lead = LeadController(lead_config or LeadConfig.for_model(
+            grid, initial_chunks=max_lead_chunks, max_chunks=max(max_lead_chunks, self.pacer.config.buffer_chunks + 3)))
+        self._rewind_from: list[int] = []  # per entry of `rewinds`: the chunk the producer was about to take
+        self._rewound_from_frame: int | None = None  # generated frames from here on belong to rewound chunks
+        self._max_av_after_rewind: float | None = None
         self.sinks = list(sinks)
         self.metrics = metrics
         self.session = session
@@ -183,13 +227,35 @@ class Playout:
         """The playout thread's error, if it stopped (re-raised by `finish`)."""
         return self._playout_error
 
-    def wait_lead(self, n: int) -> None:
-        """Block until chunk n may be taken: chunk n − max_lead_chunks + 1 has started playing (or playout failed)."""
+    def current_lead(self, n: int) -> int:
+        """The lead for taking chunk n (re-fitted to the measurements); before playout starts, at least the pacer's
+        start_chunks (else it would never start)."""
+        lead = self.lead.update(n)
+        return lead if self.pacer.t0 is not None else max(lead, self.pacer.config.start_chunks)
+
+    def wait_lead(self, n: int, wake: Callable[[], bool] | None = None) -> None:
+        """Block until chunk n may be taken: chunk n − lead has started playing (or playout failed), or `wake()`
+        returns True (checked every 5 ms: a turn that starts ends the wait, its rewind makes room)."""
         t = time.perf_counter()
-        while n >= self.max_lead_chunks and not self.pacer.wait_until_started(n - self.max_lead_chunks + 1, 0.25):
-            if self._playout_error is not None:
+        while True:
+            lead = self.current_lead(n)
+            if n < lead or self.pacer.wait_until_started(n - lead + 1, 0.25 if wake is None else 0.005):
+                break
+            if self._playout_error is not None or (wake is not None and wake()):
                 break
         self.lead_wait_ms.append((time.perf_counter() - t) * 1e3)
+
+    def observe_diffuse(self, seconds: float) -> None:
+        """The producer's diffusion time of one chunk (s), for the lead."""
+        self.lead.observe_diffuse(seconds)
+
+    def record_rewind(self, from_chunk: int) -> None:
+        """The latest `rewind` was made when the producer was about to take `from_chunk` (for the report)."""
+        with self._lock:
+            if len(self._rewind_from) >= len(self.rewinds):
+                raise RuntimeError(f"record_rewind(from_chunk={from_chunk}): no rewind left to attach it to")
+            self._rewind_from.append(from_chunk)
+            self._rewound_from_frame = self.rewinds[-1].to_chunk * self.pacer.config.frames_per_chunk
 
     def record_turns(self, turns: Iterable[TurnStart], t_diffused: float) -> None:
         """Speech turns whose first sample is in the chunk just diffused at `t_diffused` (clock seconds)."""
@@ -200,6 +266,10 @@ class Playout:
                 while pc.frame_sample(frame + 1) <= start.stream_sample:
                     frame += 1
                 trace = TurnTrace(start.turn, start.pushed_s, start.chunk_index, frame, diffused_s=t_diffused)
+                rewind = next((rw for rw in reversed(self.rewinds)
+                               if rw.to_chunk == start.chunk_index and rw.at_s >= start.pushed_s), None)
+                if rewind is not None:  # this turn's speech starts the chunk the stream was rewound to
+                    trace.rewound_to, trace.rewound_s = rewind.to_chunk, rewind.at_s
                 self._turns[start.turn] = trace
                 self._turn_by_frame.setdefault(frame, []).append(trace)
 
@@ -264,6 +334,8 @@ class Playout:
             for trace in self._turns.values():
                 if trace.chunk_index == chunk.index:
                     trace.decoded_s = chunk.times["decoded"]
+        if self.decoder.decode_ms:
+            self.lead.observe_decode(self.decoder.decode_ms[-1] / 1e3)
         if self.metrics is not None:
             self.metrics.decoder_seconds(self.decoder.decode_ms[-1] / 1e3)
             self.metrics.observe_chunk("decode", self.decoder.decode_ms[-1] / 1e3)
@@ -306,6 +378,9 @@ class Playout:
         fpc = self.pacer.config.frames_per_chunk
         m = self.metrics
         if not frame.repeated:
+            rewound_from = self._rewound_from_frame
+            if rewound_from is not None and frame.content_index >= rewound_from and frame.av_offset_s is not None:
+                self._max_av_after_rewind = max(self._max_av_after_rewind or 0.0, abs(frame.av_offset_s))
             if frame.content_index % fpc == 0:
                 with self._lock:
                     times = self._chunk_times.get(frame.chunk_index, {})
@@ -318,6 +393,7 @@ class Playout:
                 traces = self._turn_by_frame.pop(frame.content_index, [])
             for trace in traces:
                 trace.published_s = frame.published_s
+                trace.av_offset_ms = None if frame.av_offset_s is None else round(frame.av_offset_s * 1e3, 3)
                 if m is not None:
                     m.turn_latency(trace.latency_s)
             if m is not None:
@@ -343,11 +419,13 @@ class Playout:
             return [self._turns[k] for k in sorted(self._turns)]
 
     def report(self, chunks: int, production_s: float, diffuse_ms: list[float], *, speech_samples_in: int = 0,
-               cleared_samples: int = 0) -> StreamReport:
-        """The session's StreamReport, once `finish` returned: `chunks` made, production seconds (first audio taken
-        → last chunk decoded), the producer's diffusion times."""
+               cleared_samples: int = 0, chunks_generated: int | None = None) -> StreamReport:
+        """The session's StreamReport, once `finish` returned: `chunks` of content made (the stream's length),
+        production seconds (first audio taken → last chunk decoded), the producer's diffusion times,
+        `chunks_generated` (default `chunks`: rewinds regenerate some)."""
         stats = self.pacer.stats()
         pc = self.pacer.config
+        turns = [t.to_dict() for t in self.turn_traces()]
         content_s = chunks * pc.frames_per_chunk / pc.fps
         t0 = stats.t0 or 0.0
         playout_s = (self._last_published_s - t0 + 1 / pc.fps) if self._last_published_s is not None else 0.0
@@ -370,6 +448,13 @@ class Playout:
                        "buffer": percentiles(self.buffer_ms), "publish_frame": percentiles(self.publish_ms),
                        "end_to_end": percentiles(self.e2e_ms)},
             buffer_depth=[(round(t - t0, 3), d) for t, d in stats.depth_history],
-            turns=[t.to_dict() for t in self.turn_traces()],
-            speech_samples_in=speech_samples_in, cleared_samples=cleared_samples,
+            turns=turns, speech_samples_in=speech_samples_in, cleared_samples=cleared_samples,
+            chunks_generated=chunks if chunks_generated is None else chunks_generated,
+            rewinds=[{"from_chunk": from_chunk, "to_chunk": rw.to_chunk, "dropped": rw.dropped,
+                      "at_s": round(rw.at_s - t0, 4)}
+                     for from_chunk, rw in zip(self._rewind_from, self.rewinds, strict=False)],
+            lead_chunks=self.lead.lead, lead_changes=list(self.lead.changes),
+            max_abs_av_offset_after_rewind_ms=(None if self._max_av_after_rewind is None
+                                               else self._max_av_after_rewind * 1e3),
+            turn_stages_ms=turn_stage_percentiles(turns),
         )
