@@ -25,6 +25,7 @@ import torch
 from vivant.worker.model.options import (
     AttentionBackend,
     CacheMode,
+    CachePolicy,
     EngineName,
     EngineOptions,
     RingFormat,
@@ -96,7 +97,7 @@ class Engine:
             if cache.k.dtype != want:
                 raise ValueError(f"the FP8 parts with ring = {self.options.ring.value!r} read a {want} ring, got a "
                                  f"{cache.k.dtype} one (KVCache(fp8=...) / EngineOptions.ring)")
-            if self.options.attention is AttentionBackend.IMAGE:
+            if self.options.attention is AttentionBackend.IMAGE and self.options.cache_policy is CachePolicy.RING:
                 cache.enable_read_image(torch.bfloat16)  # the FP8 GEMMs write bf16 q, k, v
         mods, final = self._modulation(sigma)
         step = cache.step

@@ -19,6 +19,19 @@ Per block and pass (57b, TP = 4 rank: N = 757 tokens):
   row_parallel (O, down)    unchanged: `GemmThenAllReduce` / `FusedGemmAllReduce` call the Fp8Linear's product or
                             its fused product + TP sum (worker/model/fused_tp.py)
 
+The ablation's choices (EngineOptions.gemm, fused_norm, cache_policy; docs/ARCHITECTURE.md) swap parts, never a
+branch inside them:
+
+  gemm = bf16               the float projections stay (bf16 GEMMs); res_norm and act are the float parts
+                            (`ResidualNormMod`, `SwiGLUAct`, bf16 out), through `torch.compile` on a GPU when
+                            fused_norm (the Triton kernels only exist in quantizing form); attention's output
+                            stays bf16 (split-KV: `split_kv_sdpa`'s unquantized combine)
+  fused_norm = False        (fp8) the float parts' residual/LayerNorm/modulation and SwiGLU as torch ops, then
+                            `quant_rows`: `UnfusedFp8ResidualNormMod`, `UnfusedFp8SwiGLU`
+  cache_policy = whole_window  `WholeWindowAttention`: q/k RMSNorm + RoPE(q) (kernels/qk_norm_rope.py), the
+                            un-rotated k, v into the window store, the per-call re-rotation and re-quantization of
+                            the whole window (worker/model/whole_window.py), attention over that image
+
 With a baseline-mode cache (numerics reference only) `Fp8RingAttention` runs the cache's per-call whole-cache
 work in place of the ring write and attention, with the same FP8 GEMMs. On a CPU every kernel runs its float32
 twin (or Triton's interpreter under TRITON_INTERPRET=1), which is how CI checks this path.
@@ -34,10 +47,11 @@ import torch.distributed as dist
 import torch.nn as nn
 from vivant.kernels.fp8_gemm import fp8_linear, quantize_weight
 from vivant.kernels.fused_quant import ln_mod_quant, quant_rows, residual_ln_mod_quant, swiglu_quant
+from vivant.kernels.qk_norm_rope import qk_norm_rope
 from vivant.kernels.ring_attention import ring_attention
-from vivant.kernels.split_kv import split_kv_attention_fp8
+from vivant.kernels.split_kv import split_kv_attention_fp8, split_kv_sdpa
 from vivant.worker.model.fused_tp import FusedMethod, fp8_matmul_all_reduce
-from vivant.worker.model.options import AttentionBackend, CacheMode, EngineOptions
+from vivant.worker.model.options import AttentionBackend, CacheMode, CachePolicy, EngineOptions, GemmPrecision
 
 if TYPE_CHECKING:
     from vivant.worker.model.kv_cache import KVCache
@@ -123,12 +137,70 @@ class Fp8SwiGLU:
         return Rows8(*swiglu_quant(gu))
 
 
-class Fp8RingAttention:
-    """QKV rows [T, 3·h·D] → the ring write and attention → the output as FP8 rows [T, h·D] for the O GEMM."""
+class UnfusedFp8ResidualNormMod:
+    """`Fp8ResidualNormMod` as separate ops: the float part (`ResidualNormMod`: x += gate·delta, LayerNorm,
+    modulation, each a torch op in x's dtype), then `quant_rows` (fused_norm=False)."""
 
-    def __init__(self, backend: AttentionBackend, kv_splits: int | str) -> None:
+    def __init__(self, eps: float) -> None:
+        from vivant.worker.model.model import ResidualNormMod
+
+        self.float_part = ResidualNormMod(eps)
+
+    def __call__(self, x, delta, gate, shift, scale) -> tuple[torch.Tensor, Rows8]:
+        x, h = self.float_part(x, delta, gate, shift, scale)
+        return x, Rows8(*quant_rows(h))
+
+
+class UnfusedFp8SwiGLU:
+    """`Fp8SwiGLU` as separate ops: silu(gate)·up as torch ops (`SwiGLUAct`), then `quant_rows`."""
+
+    def __init__(self) -> None:
+        from vivant.worker.model.model import SwiGLUAct
+
+        self.float_part = SwiGLUAct()
+
+    def __call__(self, gu: torch.Tensor) -> Rows8:
+        return Rows8(*quant_rows(self.float_part(gu)))
+
+
+def compiled_part(part, device: torch.device):
+    """`part` (a callable of tensors) through torch.compile on a GPU (inductor fuses its elementwise ops and
+    reductions into Triton kernels; compiled at its first call, which the engine makes eagerly before any CUDA
+    graph capture); unchanged on a CPU (the tests run its eager form). One compiled object serves every block."""
+    if device.type != "cuda":
+        return part
+    return torch.compile(part, fullgraph=True, dynamic=False)
+
+
+def _rows8(att: torch.Tensor) -> Rows8:
+    return Rows8(*quant_rows(att))
+
+
+def _rows_bf16(att: torch.Tensor) -> torch.Tensor:
+    return att
+
+
+def _split_fp8(q_rot: torch.Tensor, k_image: torch.Tensor, v_image: torch.Tensor, splits: int) -> Rows8:
+    """Split-KV attention with the O projection's quantization fused into its combine → Rows8 [T, h·D]."""
+    n, h, d = q_rot.shape
+    q_parts = q_rot.transpose(0, 1).unsqueeze(0).expand(splits, h, n, d)  # a view: cuDNN reads it as is
+    return Rows8(*split_kv_attention_fp8(q_parts, k_image, v_image))
+
+
+def _split_bf16(q_rot: torch.Tensor, k_image: torch.Tensor, v_image: torch.Tensor, splits: int) -> torch.Tensor:
+    """Split-KV attention, combined unquantized (bf16 GEMMs) → [T, h·D]."""
+    n, h, d = q_rot.shape
+    return split_kv_sdpa(q_rot, k_image, v_image, splits).reshape(n, h * d)
+
+
+class Fp8RingAttention:
+    """QKV rows [T, 3·h·D] → the ring write and attention → the output for the O GEMM [T, h·D]: FP8 rows
+    (quantize=True, FP8 GEMMs) or the attention's bf16 rows (quantize=False, bf16 GEMMs)."""
+
+    def __init__(self, backend: AttentionBackend, kv_splits: int | str, *, quantize: bool = True) -> None:
         self.backend, self.kv_splits = AttentionBackend(backend), kv_splits
         self._splits: dict[tuple, int] = {}
+        self.rows, self.split_attend = (_rows8, _split_fp8) if quantize else (_rows_bf16, _split_bf16)
 
     def splits(self, cache: KVCache, heads: int) -> int:
         """kv_splits as a number ("auto": `auto_kv_splits` for this device and ring, resolved once)."""
@@ -141,23 +213,55 @@ class Fp8RingAttention:
             self._splits[key] = auto_kv_splits(cache.layout.tokens_per_chunk, heads, cache.layout.slots, sms)
         return self._splits[key]
 
-    def __call__(self, qkv: torch.Tensor, attn: Attention, layer: int, cache: KVCache) -> Rows8:
+    def baseline(self, qkv: torch.Tensor, attn: Attention, layer: int, cache: KVCache):
+        """The original per-call whole-cache work (a baseline-mode cache), same GEMMs: the numerics reference."""
         n, h, d = qkv.shape[0], attn.local_heads, attn.head_dim
-        if cache.mode is CacheMode.BASELINE:  # the original per-call whole-cache work, same GEMMs (numerics reference)
-            q, k, v = qkv.view(n, 3, h, d).unbind(1)
-            return Rows8(*quant_rows(cache.attend(layer, attn.q_norm(q), attn.k_norm(k), v).reshape(n, h * d)))
+        q, k, v = qkv.view(n, 3, h, d).unbind(1)
+        return self.rows(cache.attend(layer, attn.q_norm(q), attn.k_norm(k), v).reshape(n, h * d))
+
+    def __call__(self, qkv: torch.Tensor, attn: Attention, layer: int, cache: KVCache):
+        n, h, d = qkv.shape[0], attn.local_heads, attn.head_dim
+        if cache.mode is CacheMode.BASELINE:
+            return self.baseline(qkv, attn, layer, cache)
         q_rot = cache.write_qkv(layer, qkv, attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps)
         step, splits = cache.step, self.splits(cache, h)
         image = self.backend is AttentionBackend.IMAGE
         if image and splits > 1 and step.all_valid and cache.layout.slots % splits == 0:
-            # split-KV attention with the O projection's quantization fused into its combine
-            q_parts = q_rot.transpose(0, 1).unsqueeze(0).expand(splits, h, n, d)  # a view: cuDNN reads it as is
-            return Rows8(*split_kv_attention_fp8(q_parts, cache.k_image[layer], cache.v_image[layer]))
+            return self.split_attend(q_rot, cache.k_image[layer], cache.v_image[layer], splits)
         att = ring_attention(q_rot, cache.k[layer], cache.v[layer], cache.k_scale[layer], cache.v_scale[layer],
                              step.valid, backend=self.backend, all_valid=step.all_valid,
                              k_image=cache.k_image[layer] if image else None,
                              v_image=cache.v_image[layer] if image else None, kv_splits=splits)
-        return Rows8(*quant_rows(att.reshape(n, h * d)))
+        return self.rows(att.reshape(n, h * d))
+
+
+class WholeWindowAttention(Fp8RingAttention):
+    """The whole-window cache policy (worker/model/whole_window.py): QKV rows → q/k RMSNorm and RoPE(q) at the
+    chunk's positions, the un-rotated k and v into the window store at the chunk's slots (and the sink's while
+    chunk 0 runs), then every key of the window re-rotated and the whole window re-quantized, and attention over
+    that image — the image backend's calls (split-KV when every slot is valid and `kv_splits` > 1) whatever
+    `backend` says, since the image is what this policy produces. Output as `Fp8RingAttention`'s."""
+
+    def __call__(self, qkv: torch.Tensor, attn: Attention, layer: int, cache: KVCache):
+        n, h, d = qkv.shape[0], attn.local_heads, attn.head_dim
+        if cache.mode is CacheMode.BASELINE:
+            return self.baseline(qkv, attn, layer, cache)
+        step, window = cache.step, cache.enable_whole_window(qkv.dtype)
+        q_rot, k = qk_norm_rope(qkv, attn.q_norm.weight, attn.k_norm.weight, step.cos, step.sin, h,
+                                eps=attn.q_norm.eps)
+        v = qkv.view(n, 3, h, d)[:, 2]
+        window.write(layer, k, v, step.slots)
+        if step.writes_sink:
+            ns = step.sink_slots.shape[0]
+            window.write(layer, k[:ns], v[:ns], step.sink_slots)
+        k_img, v_img = window.images(layer)
+        splits = self.splits(cache, h)
+        if splits > 1 and step.all_valid and cache.layout.slots % splits == 0:
+            return self.split_attend(q_rot, k_img, v_img, splits)
+        att = ring_attention(q_rot, cache.k[layer], cache.v[layer], cache.k_scale[layer], cache.v_scale[layer],
+                             step.valid, backend=AttentionBackend.IMAGE.value, all_valid=step.all_valid,
+                             k_image=k_img, v_image=v_img)
+        return self.rows(att.reshape(n, h * d))
 
 
 def fork(model: VideoDiT) -> VideoDiT:
@@ -180,20 +284,43 @@ def fork(model: VideoDiT) -> VideoDiT:
     return new
 
 
+def _norm_parts(options: EngineOptions, eps: float, device: torch.device):
+    """(res_norm, act) for `options`: one object each, shared by every block (module docstring's table)."""
+    from vivant.worker.model.model import ResidualNormMod, SwiGLUAct
+
+    if options.gemm is GemmPrecision.BF16:
+        res_norm, act = ResidualNormMod(eps), SwiGLUAct()
+        if options.fused_norm:
+            return compiled_part(res_norm, device), compiled_part(act, device)
+        return res_norm, act
+    if options.fused_norm:
+        return Fp8ResidualNormMod(eps), Fp8SwiGLU()
+    return UnfusedFp8ResidualNormMod(eps), UnfusedFp8SwiGLU()
+
+
 def install_parts(model: VideoDiT, options: EngineOptions, *, inplace: bool = False) -> VideoDiT:
     """`model` with the parts `options` names: the float parts as the model defines them (returned unchanged),
-    or the FP8 parts (module docstring). inplace=False installs them into a `fork` (the float model stays
+    or the fast parts (module docstring). inplace=False installs them into a `fork` (the float model stays
     usable, e.g. as the reference of a comparison); inplace=True replaces the float projections, so their
-    weights are freed with the float modules (57b). Apply tensor parallelism (worker/model/tp.py) first."""
+    weights are freed with the float modules (57b). Apply tensor parallelism (worker/model/tp.py) first.
+    gemm = bf16 needs the float projections (a model not yet quantized: ValueError otherwise)."""
     if not options.fp8:
         return model
+    fp8 = options.gemm is GemmPrecision.FP8
+    if not fp8 and any(isinstance(getattr(mod, name), Fp8Linear) for blk in model.blocks
+                       for mod, name in ((blk.attn, "qkv"), (blk.attn, "o"), (blk.mlp, "gate_up"), (blk.mlp, "down"))):
+        raise ValueError("EngineOptions.gemm = 'bf16' needs the model's float projections; this model's are "
+                         "already FP8 (build it with its bf16 weights)")
     m = model if inplace else fork(model)
-    attention = Fp8RingAttention(options.attention, options.kv_splits)
-    act, fa = Fp8SwiGLU(), options.fast_accum
+    policy = WholeWindowAttention if options.cache_policy is CachePolicy.WHOLE_WINDOW else Fp8RingAttention
+    attention = policy(options.attention, options.kv_splits, quantize=fp8)
+    res_norm, act = _norm_parts(options, m.cfg.norm_eps, m.patch_embed.weight.device)
+    fa = options.fast_accum
     for blk in m.blocks:
-        blk.res_norm = Fp8ResidualNormMod(blk.res_norm.eps)
+        blk.res_norm = res_norm
         a, p = blk.attn, blk.mlp
-        a.qkv, a.o = a.qkv.as_fp8(fast_accum=fa), a.o.as_fp8(fast_accum=fa)
-        p.gate_up, p.down = p.gate_up.as_fp8(fast_accum=fa), p.down.as_fp8(fast_accum=fa)
+        if fp8:
+            a.qkv, a.o = a.qkv.as_fp8(fast_accum=fa), a.o.as_fp8(fast_accum=fa)
+            p.gate_up, p.down = p.gate_up.as_fp8(fast_accum=fa), p.down.as_fp8(fast_accum=fa)
         a.core, p.act = attention, act
     return m

@@ -19,6 +19,10 @@ write); the FP8 parts through `write_qkv`, one fused kernel from the QKV rows to
 (kernels/qkv_ring.py) — for every chunk, chunk 0's sink tokens included (the same kernel at the sink's slots
 and positions). Both write the same layout. The chunk's rotary angles, slots and valid mask live in `step`,
 buffers allocated once and refilled by `begin_chunk`, so a captured CUDA graph reads them at fixed addresses.
+
+The whole-window policy (EngineOptions.cache_policy, worker/model/whole_window.py) keeps, beside the ring, the
+window un-rotated (`enable_whole_window`); the cache tracks every slot's current position (`slot_pos`) for it,
+updated at chunk boundaries and position resets.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from vivant.kernels.rope import apply_rope_ref, rope_angles
 from vivant.worker.model.options import CacheMode, parse_choice
 from vivant.worker.model.positions import RingLayout
 from vivant.worker.model.ring_undo import RingUndoLog
+from vivant.worker.model.whole_window import WindowStore
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +124,9 @@ class KVCache:
         self._offset_chunks = 0  # position frame offset, mirrored for baseline positions
         self.k_image: torch.Tensor | None = None  # the ring's read image (enable_read_image)
         self.v_image: torch.Tensor | None = None
+        # each slot's current position [S, 3] (device: updated without a host sync), which the whole window reads
+        self.slot_pos = torch.zeros(S, 3, dtype=torch.int64, device=self.device)
+        self.window: WindowStore | None = None  # the whole-window policy's store (enable_whole_window)
 
     # ---- the read image (attention backend "image") --------------------------------------------------
     def enable_read_image(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,6 +147,20 @@ class KVCache:
         elif self.k_image.dtype != dtype:
             raise ValueError(f"KVCache: the read image is {self.k_image.dtype}, asked for {dtype}")
         return self.k_image, self.v_image
+
+    def enable_whole_window(self, dtype: torch.dtype) -> WindowStore:
+        """Allocate (once) the whole-window policy's store in `dtype`, its angles from the slots' positions now.
+        Allocate before a CUDA graph is captured (the engine's eager chunk 0 does): its addresses stay fixed."""
+        if self.mode is not CacheMode.OPTIMIZED:
+            raise ValueError("KVCache: the whole-window store sits beside the ring (mode='optimized'), not the baseline")
+        if self.window is None:
+            self.window = WindowStore(layers=self.layers, slots=self.layout.slots, heads=self.heads,
+                                      head_dim=self.head_dim, dtype=dtype, device=self.device,
+                                      compiled=self.device.type == "cuda")
+            self.window.set_angles(self.slot_pos, self.rope_dims, self.rope_theta)
+        elif self.window.k.dtype != dtype:
+            raise ValueError(f"KVCache: the whole-window store is {self.window.k.dtype}, asked for {dtype}")
+        return self.window
 
     def refresh_image(self, layer: int, slots: torch.Tensor, *, keys_only: bool = False) -> None:
         """Re-derive the read image at `slots` of `layer` from the ring (no-op without an image, or when the ring
@@ -169,6 +191,10 @@ class KVCache:
             for t in (self.k_image, self.v_image):
                 if t is not None:
                     t.zero_()
+            self.slot_pos.zero_()
+            if self.window is not None:
+                self.window.clear()
+                self.window.set_angles(self.slot_pos, self.rope_dims, self.rope_theta)
         else:
             self._chunks = []
             self._sink_k = [None] * self.layers
@@ -198,6 +224,9 @@ class KVCache:
         if to_chunk == 0:
             self.clear()
             return
+        if self.window is not None:
+            raise ValueError("KVCache.rewind: the whole-window policy (an ablation of the engine, "
+                             "EngineOptions.cache_policy) keeps no undo log; rewind serves the ring only")
         if self.mode is CacheMode.OPTIMIZED:
             self.undo.restore(self, to_chunk, hi)
         else:
@@ -242,6 +271,11 @@ class KVCache:
             sink = rope_angles(st.sink_pos.to(self.device), self.rope_dims, self.rope_theta)
             b.sink_cos.copy_(sink.cos())
             b.sink_sin.copy_(sink.sin())
+        self.slot_pos[b.slots] = st.pos.to(self.device)
+        if b.writes_sink:
+            self.slot_pos[b.sink_slots] = st.sink_pos.to(self.device)
+        if self.window is not None:
+            self.window.set_angles(self.slot_pos, self.rope_dims, self.rope_theta)
 
     def write_qkv(self, layer: int, qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                   eps: float) -> torch.Tensor:
@@ -280,6 +314,8 @@ class KVCache:
         """Position reset by Δ: rotate cached window keys by −Δ once (ring); the baseline just re-derives."""
         self._offset_chunks += delta
         self._reset_pending = delta
+        if self.mode is CacheMode.OPTIMIZED:  # the whole window's keys re-rotate from these per call
+            self.slot_pos[resident_slots.to(self.device), 0] -= delta
         if self.mode is CacheMode.OPTIMIZED and resident_slots.numel():
             self.undo.save_reset(self, self.next_chunk)
             slots = resident_slots.to(self.device)

@@ -22,6 +22,12 @@ Names (StrEnum, so they compare equal to the strings the CLI, Redis and Promethe
   RingFormat       what the FP8 parts' ring stores: fp8 (e4m3 codes with one scale per (slot, head) row, plus the
                    bf16 read image attention reads) | bf16 (the rotated K and V rows in bf16: the ring is its own read
                    image — no FP8 rounding of K/V, two bytes per value instead of three, for image attention)
+  GemmPrecision    the fast parts' four projections: fp8 (FP8 e4m3 GEMMs, activations quantized by the kernel before
+                   each) | bf16 (bf16 GEMMs on the float projections, activations stay bf16; the ablation's row)
+  CachePolicy      the fast parts' KV cache work: ring (RoPE + quantization once at write, the ring read as it is) |
+                   whole_window (what streaming peers do: the window kept un-rotated in bf16, every attention call
+                   re-rotates every key to its current position and re-quantizes the whole window to FP8,
+                   worker/model/whole_window.py; the ablation's row)
   RowParallelPath  `vivant_worker_kernel_path_info{path}`: the O/down step in effect — fused_gemm_all_reduce,
                    gemm_then_all_reduce, or no_tp (nothing to fuse: TP = 1 or the one-GPU stand-in reduce)
 """
@@ -58,6 +64,16 @@ class RingFormat(StrEnum):
     BF16 = "bf16"
 
 
+class GemmPrecision(StrEnum):
+    FP8 = "fp8"
+    BF16 = "bf16"
+
+
+class CachePolicy(StrEnum):
+    RING = "ring"
+    WHOLE_WINDOW = "whole_window"
+
+
 class RowParallelPath(StrEnum):
     FUSED = "fused_gemm_all_reduce"
     UNFUSED = "gemm_then_all_reduce"
@@ -86,6 +102,15 @@ class EngineOptions:
     fast_accum  cuBLASLt FP8 fast accumulation in the four GEMMs (GPU only; the CPU twin ignores it).
     cuda_graphs every pass after chunk 0 replayed from a captured CUDA graph (needs fp8 and a CUDA device).
     ring        the FP8 parts' ring storage (RingFormat); bf16 needs attention "image" (the ring is the image).
+    gemm        the fast parts' projections (GemmPrecision): fp8 as above, or bf16 GEMMs on the float projections
+                with bf16 activations (the ring as `ring` says).
+    fused_norm  True: residual + LayerNorm + modulation (+ the FP8 row quantization) and SwiGLU (+ quantization) as
+                one kernel each (kernels/fused_quant.py; with bf16 GEMMs, `torch.compile` of the float parts on a
+                GPU: the Triton kernels have no non-quantizing variant). False: the same arithmetic as separate
+                torch ops, then `quant_rows` (fp8).
+    cache_policy the fast parts' cache work (CachePolicy): the ring, or the whole-window re-rotation and
+                re-quantization per call (keeps its own window: needs ring = fp8, whose ring it leaves unwritten).
+    gemm, fused_norm and cache_policy choose among the fast parts (fp8=True); the float parts take the defaults.
     """
 
     fp8: bool = False
@@ -94,11 +119,17 @@ class EngineOptions:
     fast_accum: bool = False
     cuda_graphs: bool = False
     ring: RingFormat = RingFormat.FP8
+    gemm: GemmPrecision = GemmPrecision.FP8
+    fused_norm: bool = True
+    cache_policy: CachePolicy = CachePolicy.RING
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attention", parse_choice(AttentionBackend, self.attention, "EngineOptions.attention"))
         object.__setattr__(self, "ring", parse_choice(RingFormat, self.ring, "EngineOptions.ring"))
-        for name in ("fp8", "fast_accum", "cuda_graphs"):
+        object.__setattr__(self, "gemm", parse_choice(GemmPrecision, self.gemm, "EngineOptions.gemm"))
+        object.__setattr__(self, "cache_policy",
+                           parse_choice(CachePolicy, self.cache_policy, "EngineOptions.cache_policy"))
+        for name in ("fp8", "fast_accum", "cuda_graphs", "fused_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineOptions.{name} = {getattr(self, name)!r}; expected True or False")
         k = self.kv_splits
@@ -115,6 +146,16 @@ class EngineOptions:
             if self.cuda_graphs:
                 raise ValueError("EngineOptions.cuda_graphs = True needs fp8=True (the float parts are not "
                                  "graph-capturable: they build tensors from host values per call)")
+            for name, default in (("gemm", GemmPrecision.FP8), ("fused_norm", True),
+                                  ("cache_policy", CachePolicy.RING)):
+                value = getattr(self, name)
+                if value != default:
+                    shown = value.value if isinstance(value, StrEnum) else value
+                    raise ValueError(f"EngineOptions.{name} = {shown!r} needs fp8=True (a choice among "
+                                     "the fast parts; the float parts are the model as defined)")
+        if self.cache_policy is CachePolicy.WHOLE_WINDOW and self.ring is not RingFormat.FP8:
+            raise ValueError(f"EngineOptions.cache_policy = 'whole_window' needs ring = 'fp8' (it keeps its own "
+                             f"window and re-quantizes it per call), got ring = {self.ring.value!r}")
 
     @classmethod
     def reference(cls) -> EngineOptions:

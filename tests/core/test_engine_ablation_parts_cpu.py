@@ -1,0 +1,200 @@
+"""The ablation's engine choices (EngineOptions.gemm, fused_norm, cache_policy; worker/model/fast_parts.py,
+worker/model/whole_window.py) on CPU at the tiny shapes: each, installed as a part, tracks the float parts of the
+same weights within the FP8 parts' tolerance (test_engine_parts_cpu.py: 2 % relative RMS over 26 chunks with
+position resets), runs the parts it names and not the ones it replaces, and a bad value names its field.
+The compiled forms (GPU) are checked here for being traceable as one graph; their speed is GPU-only."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import vivant.worker.model.fast_parts as fast_parts
+import vivant.worker.model.kv_cache as kv_cache
+from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.engine import Engine
+from vivant.worker.model.fast_parts import (
+    Fp8Linear,
+    Fp8ResidualNormMod,
+    UnfusedFp8ResidualNormMod,
+    UnfusedFp8SwiGLU,
+    WholeWindowAttention,
+)
+from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.model import Linear, ResidualNormMod, SwiGLUAct, VideoDiT, init_random_
+from vivant.worker.model.options import CachePolicy, EngineOptions, GemmPrecision
+from vivant.worker.model.whole_window import requantize_window_eager
+
+FP8 = EngineOptions(fp8=True)
+CHUNKS = 26  # crosses position resets at the tiny preset's t_limit
+
+
+def _audio(cfg, n):
+    a, b = cfg.chunk_sample_range(n)
+    return (0.3 * np.sin(np.arange(a, b) * 0.05 + n)).astype(np.float32)
+
+
+def _run(gen, cfg, chunks):
+    outs = [gen.generate_chunk(_audio(cfg, n), cfg.audio_sample_rate) for n in range(chunks)]
+    return [o.latents for o in outs], sum(o.reset for o in outs)
+
+
+def _rel(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.fixture(scope="module")
+def setup():
+    cfg = ModelConfig.from_name("tiny")
+    model = init_random_(VideoDiT(cfg), seed=4)
+    ref, _ = _run(ChunkGenerator(cfg, mode="baseline", model=model, seed=2, fp8=False), cfg, CHUNKS)
+    return cfg, model, ref
+
+
+VARIANTS = {
+    "whole_window": FP8.replace(cache_policy="whole_window"),
+    "bf16_gemm": FP8.replace(gemm="bf16"),
+    "unfused_norm": FP8.replace(fused_norm=False),
+    "bf16_gemm_unfused": FP8.replace(gemm="bf16", fused_norm=False),
+    "whole_window_unfused": FP8.replace(cache_policy="whole_window", fused_norm=False),
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_each_choice_tracks_the_float_parts_across_resets(setup, name):
+    cfg, model, ref = setup
+    got, resets = _run(ChunkGenerator(cfg, mode="optimized", engine=Engine.build(model, VARIANTS[name]), seed=2),
+                       cfg, CHUNKS)
+    errs = [_rel(g, w) for g, w in zip(got, ref, strict=True)]
+    assert resets >= 2, f"the run crossed {resets} position resets; the test needs at least 2"
+    assert max(errs) < 0.02, f"{name} vs the float parts: relative RMS up to {max(errs):.3e} (per chunk {errs})"
+    assert max(errs) > 1e-4, f"{name}: no FP8 error at all although the ring is FP8"
+
+
+def test_the_parts_each_choice_installs(setup):
+    cfg, model, _ = setup
+    projections = ("qkv", "o", "gate_up", "down")
+
+    def parts(options):
+        m = Engine.build(model, options).model
+        b = m.blocks[0]
+        lin = {type(getattr(b.attn if n in ("qkv", "o") else b.mlp, n)) for n in projections}
+        return lin, type(b.res_norm), type(b.mlp.act), type(b.attn.core), m
+
+    lin, norm, act, core, m = parts(VARIANTS["bf16_gemm"])
+    assert lin == {Linear} and norm is ResidualNormMod and act is SwiGLUAct, (lin, norm, act)
+    assert m.blocks[0].attn.qkv is model.blocks[0].attn.qkv, "bf16 GEMMs should run the float model's own weights"
+    lin, norm, act, core, m = parts(VARIANTS["unfused_norm"])
+    assert lin == {Fp8Linear} and norm is UnfusedFp8ResidualNormMod and act is UnfusedFp8SwiGLU, (lin, norm, act)
+    lin, norm, act, core, m = parts(VARIANTS["whole_window"])
+    assert lin == {Fp8Linear} and norm is Fp8ResidualNormMod and core is WholeWindowAttention, (lin, norm, core)
+    assert len({id(b.res_norm) for b in m.blocks}) == 1, "one res_norm object should serve every block"
+    assert all(type(b.attn.qkv) is Linear for b in model.blocks), "installing the parts changed the float model"
+
+
+def test_whole_window_rederives_the_window_every_call_and_never_writes_the_ring(setup, monkeypatch):
+    cfg, model, _ = setup
+    ring_writes, requant = [], []
+    real_ring = kv_cache.qkv_ring_write
+    monkeypatch.setattr(kv_cache, "qkv_ring_write", lambda *a, **k: ring_writes.append(1) or real_ring(*a, **k))
+    gen = ChunkGenerator(cfg, mode="optimized", engine=Engine.build(model, VARIANTS["whole_window"]), seed=2)
+    for n in range(3):
+        gen.generate_chunk(_audio(cfg, n), cfg.audio_sample_rate)
+        if n == 0:
+            win = gen.cache.window
+            real = win.requantize
+            win.requantize = lambda *a: requant.append(a[0].shape) or real(*a)
+    assert not ring_writes, f"the whole-window policy wrote the ring {len(ring_writes)} times"
+    calls = cfg.n_layers * cfg.passes
+    assert len(requant) == 2 * calls, f"{len(requant)} whole-window re-quantizations in 2 chunks; expected {2 * calls}"
+    assert requant[0] == (cfg.cache_slots, cfg.n_heads, cfg.head_dim), f"not the whole window: {requant[0]}"
+    assert gen.cache.k_image is None, "the whole-window policy should not keep the ring's read image"
+
+
+def test_whole_window_positions_follow_resets_and_clear(setup):
+    """After a reset the store's slot positions are the ring's: every resident slot moved back by the shift, so a
+    key re-rotated per call lands where the ring's delta-rotated key is (the numerics test checks the values)."""
+    cfg, model, _ = setup
+    gen = ChunkGenerator(cfg, mode="optimized", engine=Engine.build(model, VARIANTS["whole_window"]), seed=2)
+    _, resets = _run(gen, cfg, cfg.t_limit + 2)
+    assert resets >= 1
+    c = gen.cache
+    last = c.layout.chunk_slots(gen.chunk - 1)
+    assert int(c.slot_pos[last, 0].max()) < cfg.t_limit, "the last chunk's positions were not shifted into the frame"
+    ang = torch.as_tensor(c.window.cos)
+    assert not torch.equal(ang, torch.ones_like(ang)), "the window's angles were never set"
+    c.clear()
+    assert not c.window.k.any() and not c.slot_pos.any(), "clear() left the whole window's keys or positions"
+
+
+def test_whole_window_image_is_the_ring_of_the_same_keys():
+    """The per-call function on its own: un-rotated keys rotated at their positions and quantized per row give the
+    values the ring's write-time rotation + quantization gives (kernels/qkv_ring.py's twin, same rule)."""
+    from vivant.kernels.fp8 import dequantize_rows, quantize_rows_ref
+    from vivant.kernels.rope import apply_rope_ref, rope_angles
+
+    g = torch.Generator().manual_seed(0)
+    s, h, d = 40, 2, 16
+    k = torch.randn(s, h, d, generator=g)
+    v = torch.randn(s, h, d, generator=g)
+    pos = torch.randint(0, 30, (s, 3), generator=g)
+    ang = rope_angles(pos, (8, 4, 4))
+    k_img, v_img = requantize_window_eager(k, v, ang.cos(), ang.sin())
+    want_k = dequantize_rows(*quantize_rows_ref(apply_rope_ref(k, pos, (8, 4, 4))))
+    assert torch.equal(k_img, want_k), "rotated keys differ from the ring's rule"
+    assert torch.equal(v_img, dequantize_rows(*quantize_rows_ref(v)))
+
+
+def test_compiled_forms_trace_as_one_graph():
+    """What a GPU compiles (fullgraph: a graph break fails here, not silently eager there): the whole-window
+    function and the float norm/SwiGLU parts the bf16 row compiles, traced on CPU (aot_eager: no codegen)."""
+    g = torch.Generator().manual_seed(1)
+    k, v = torch.randn(12, 2, 8, generator=g), torch.randn(12, 2, 8, generator=g)
+    cos, sin = torch.rand(12, 4, generator=g), torch.rand(12, 4, generator=g)
+    fn = torch.compile(requantize_window_eager, fullgraph=True, dynamic=False, backend="aot_eager")
+    for got, want in zip(fn(k, v, cos, sin), requantize_window_eager(k, v, cos, sin), strict=True):
+        assert torch.equal(got, want)
+    x, y = torch.randn(6, 16, generator=g), torch.randn(6, 16, generator=g)
+    gate, shift, scale = (torch.randn(16, generator=g) for _ in range(3))
+    part = ResidualNormMod(1e-6)
+    comp = torch.compile(part, fullgraph=True, dynamic=False, backend="aot_eager")
+    for args in ((x, y, gate, shift, scale), (x, None, None, shift, scale)):
+        for got, want in zip(comp(*args), part(*args), strict=True):
+            assert torch.allclose(got, want, atol=1e-6)
+    gu = torch.randn(6, 32, generator=g)
+    act = torch.compile(SwiGLUAct(), fullgraph=True, dynamic=False, backend="aot_eager")
+    assert torch.allclose(act(gu), SwiGLUAct()(gu), atol=1e-6)
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("gemm", "fp16", "EngineOptions.gemm = 'fp16'; expected one of fp8, bf16"),
+    ("cache_policy", "paged", "EngineOptions.cache_policy = 'paged'; expected one of ring, whole_window"),
+    ("fused_norm", "yes", "EngineOptions.fused_norm = 'yes'; expected True or False"),
+])
+def test_bad_values_name_their_field(field, value, match):
+    with pytest.raises(ValueError, match=match):
+        FP8.replace(**{field: value})
+
+
+@pytest.mark.parametrize("change", [{"gemm": "bf16"}, {"fused_norm": False}, {"cache_policy": "whole_window"}])
+def test_choices_of_the_fast_parts_refused_with_the_float_parts(change):
+    field = next(iter(change))
+    with pytest.raises(ValueError, match=f"EngineOptions.{field} = .* needs fp8=True"):
+        EngineOptions(**change)
+
+
+def test_parsed_values_are_the_enums():
+    o = FP8.replace(gemm="bf16", cache_policy="whole_window")
+    assert o.gemm is GemmPrecision.BF16 and o.cache_policy is CachePolicy.WHOLE_WINDOW
+
+
+def test_bf16_gemms_refuse_an_already_quantized_model(setup):
+    cfg, model, _ = setup
+    fp8_model = Engine.build(model, FP8).model
+    with pytest.raises(ValueError, match="gemm = 'bf16' needs the model's float projections"):
+        Engine.build(fp8_model, VARIANTS["bf16_gemm"])
+
+
+def test_compiled_part_is_eager_on_cpu():
+    part = SwiGLUAct()
+    assert fast_parts.compiled_part(part, torch.device("cpu")) is part
