@@ -103,7 +103,7 @@ def test_whole_window_rederives_the_window_every_call_and_never_writes_the_ring(
         if n == 0:
             win = gen.cache.window
             real = win.requantize
-            win.requantize = lambda *a: requant.append(a[0].shape) or real(*a)
+            win.requantize = lambda *a, real=real: requant.append(a[0].shape) or real(*a)
     assert not ring_writes, f"the whole-window policy wrote the ring {len(ring_writes)} times"
     calls = cfg.n_layers * cfg.passes
     assert len(requant) == 2 * calls, f"{len(requant)} whole-window re-quantizations in 2 chunks; expected {2 * calls}"
