@@ -25,6 +25,7 @@ import time
 
 import numpy as np
 import torch
+from vivant.bench.memory import StepMemory
 from vivant.kernels.fp8_gemm import fp8_linear, prefer_static_gemm_schedule, quantize_weight
 from vivant.kernels.fused_quant import ln_mod_quant, quant_rows, residual_ln_mod_quant, swiglu_quant
 from vivant.kernels.qk_norm_rope import qk_norm_rope
@@ -278,18 +279,27 @@ def _audio(cfg, n):
     return (0.3 * np.sin(np.arange(a, b) * 2 * np.pi * 220 / cfg.audio_sample_rate)).astype(np.float32)
 
 
-def time_chunks(gen: ChunkGenerator, cfg, warmup: int, chunks: int):
+def time_chunks(gen: ChunkGenerator, cfg, warmup: int, chunks: int, hook=None):
+    """ms per chunk of the `chunks` after `warmup` (CUDA events on a GPU, the host clock on a CPU) and the latents
+    of every chunk run. hook(n, last) runs after chunk n (bench/memory.py's snapshots)."""
+    cuda = gen.device.type == "cuda"
     times, lat = [], []
     for n in range(warmup + chunks):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         audio = _audio(cfg, n)
-        start.record()
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
         out = gen.generate_chunk(audio, cfg.audio_sample_rate)
-        end.record()
-        torch.cuda.synchronize()
+        if cuda:
+            end.record()
+            torch.cuda.synchronize()
+        ms = start.elapsed_time(end) if cuda else (time.perf_counter() - t0) * 1e3
         if n >= warmup:
-            times.append(start.elapsed_time(end))
+            times.append(ms)
         lat.append(out.latents.cpu())
+        if hook is not None:
+            hook(n, n == warmup + chunks - 1)
     return times, lat
 
 
@@ -339,6 +349,7 @@ def numerics(cfg, model, args, timed: Engine) -> dict:
 
 
 def run(args) -> int:
+    memory = StepMemory("cuda")  # first: the CUDA context before this process allocates
     torch.backends.cuda.matmul.allow_tf32 = False
     workspace = prefer_static_gemm_schedule()  # before the first GEMM of the process, as the worker does
     cfg = ModelConfig.from_name(args.preset)
@@ -379,7 +390,10 @@ def run(args) -> int:
     result["weights_gb"] = torch.cuda.memory_allocated() / 1e9
     opt = ChunkGenerator(cfg, mode=CacheMode.OPTIMIZED, device="cuda", dtype=torch.bfloat16, engine=fast,
                          seed=args.seed)
-    t_opt, lat_opt = time_chunks(opt, cfg, args.warmup, args.chunks)
+    memory.mark("before_chunk0")
+    memory.reset_peak()
+    t_opt, lat_opt = time_chunks(opt, cfg, args.warmup, args.chunks, memory.chunk_hook())
+    result["memory"] = memory.report(fast.model, opt.cache)
     result["optimized_ms"] = float(np.median(t_opt))
     result["optimized_p99_ms"] = float(np.percentile(t_opt, 99))
     result["optimized_per_chunk_ms"] = [round(t, 3) for t in t_opt]

@@ -62,6 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "default: the served engine's")
     p.add_argument("--numerics-chunks", type=int, default=0, help="GPU: also compare modes over this many chunks")
     p.add_argument("--numerics-t-limit", type=int, default=40, help="GPU: t_limit for the numerics run (forces resets)")
+    p.add_argument("--ablation", action="store_true",
+                   help="time the optimized engine and the engine with one choice undone at a time (bench/ablation.py)")
     p.add_argument("--json", action="store_true", help="print only the JSON document")
     p.add_argument("--out", help="also write the JSON to this file")
 
@@ -89,6 +91,10 @@ def measure(cfg: ModelConfig, mode: str, args) -> tuple[list[float], list[torch.
 
 def run(args: argparse.Namespace) -> int:
     cfg = ModelConfig.from_name(args.preset)
+    if args.ablation:
+        from vivant.bench.ablation import run as run_ablation
+
+        return run_ablation(args)
     if args.device.startswith("cuda") and args.preset != "tiny":
         from vivant.bench import gpu_step  # the GPU step benchmark (FP8 GEMMs, graphs) lives there
 

@@ -1,0 +1,98 @@
+"""`vivant bench step --ablation` on CPU at the tiny shapes (bench/ablation.py): the harness's structure — every
+row present and timed with finite numbers, each row the optimized engine with exactly one choice undone, numerics
+against the baseline row — as a CI smoke test. The timings are the kernels' CPU twins: no performance claim."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+from vivant.bench import step
+from vivant.bench.ablation import ROWS, variant_options
+from vivant.worker.model.options import EngineOptions
+
+
+@pytest.fixture(scope="module")
+def doc(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ablation") / "ablation.json"
+    parser = argparse.ArgumentParser()
+    step.add_arguments(parser)
+    args = parser.parse_args(["--preset", "tiny", "--device", "cpu", "--ablation", "--chunks", "2", "--warmup", "1",
+                              "--out", str(out)])
+    assert step.run(args) == 0
+    return json.loads(out.read_text())
+
+
+def test_every_row_is_present_and_finite(doc):
+    rows = {r["row"]: r for r in doc["rows"]}
+    assert list(rows) == list(ROWS), f"rows {list(rows)}"
+    for name, r in rows.items():
+        assert "error" not in r, f"{name}: {r.get('error')}"
+        assert len(r["per_chunk_ms"]) == 2, f"{name}: {len(r['per_chunk_ms'])} timed chunks, expected 2"
+        for key in ("ms", "p99_ms", "x_optimized"):
+            assert math.isfinite(r[key]) and r[key] > 0, f"{name}.{key} = {r[key]}"
+        n = r["numerics"]
+        assert n["chunks"] == 3 and math.isfinite(n["max_rel_rms"]), f"{name}: numerics {n}"
+    assert rows["baseline"]["numerics"]["max_rel_rms"] == 0.0, "the baseline is the reference"
+    assert rows["optimized"]["x_optimized"] == 1.0
+    for name in ROWS[1:]:
+        err = rows[name]["numerics"]["max_rel_rms"]
+        assert 1e-4 < err < 0.05, f"{name}: relative RMS {err:.3e} against the float reference"
+
+
+def test_each_row_undoes_exactly_one_choice(doc):
+    rows = {r["row"]: r for r in doc["rows"]}
+    opt = rows["optimized"]["options"]
+    assert rows["baseline"]["options"] is None
+    for name in ("whole_window", "bf16_gemm", "unfused_norm"):  # no_cuda_graphs, no_split_kv equal optimized on CPU
+        diff = {k for k, v in rows[name]["options"].items() if opt[k] != v}
+        assert len(diff) == 1, f"{name} differs from optimized in {diff}"
+
+
+def test_variant_options_on_a_gpu_differ_by_one_field():
+    served = EngineOptions.served("cuda").replace(kv_splits=4)
+    fields = ("cache_policy", "gemm", "fused_norm", "cuda_graphs", "kv_splits")
+    for name, options in variant_options(served).items():
+        if options is None or name == "optimized":
+            continue
+        diff = [f for f in fields if getattr(options, f) != getattr(served, f)]
+        assert len(diff) == 1, f"{name}: differs in {diff}"
+
+
+def test_document_fields(doc):
+    for key in ("machine", "date", "command", "reference", "chunks", "warmup"):
+        assert key in doc, f"missing {key}"
+    assert doc["machine"]["torch"] and "triton" in doc["machine"]
+    assert doc["memory"] is None, "CPU runs have no device memory figures"
+    assert doc["command"].startswith("vivant bench step --ablation --preset tiny --tp 1 --rank 0 --device cpu "
+                                     "--chunks 2 --warmup 1"), doc["command"]
+
+
+def test_memory_counts_on_cpu_tensors():
+    """bench/memory.py's counting (device-agnostic): shared tensors and views count once, FP8 weights held as plain
+    attributes count, the ring's parts are split."""
+    import torch
+    from vivant.bench.memory import cache_bytes, engine_weight_bytes, tensor_bytes
+    from vivant.worker.model.config import ModelConfig
+    from vivant.worker.model.engine import Engine
+    from vivant.worker.model.generator import ChunkGenerator
+    from vivant.worker.model.model import VideoDiT, init_random_
+
+    t = torch.zeros(10, 4)
+    assert tensor_bytes([t, t[2:], t.view(40), None]) == 160
+    cfg = ModelConfig.from_name("tiny")
+    model = init_random_(VideoDiT(cfg), seed=0)
+    fp8 = Engine.build(model, EngineOptions(fp8=True)).model
+    proj = sum(getattr(m, n).weight.numel() for b in model.blocks for m, n in
+               ((b.attn, "qkv"), (b.attn, "o"), (b.mlp, "gate_up"), (b.mlp, "down")))
+    want = engine_weight_bytes(model) - 4 * proj + proj + 4 * sum(
+        getattr(m, n).weight.shape[0] for b in model.blocks for m, n in
+        ((b.attn, "qkv"), (b.attn, "o"), (b.mlp, "gate_up"), (b.mlp, "down")))
+    assert engine_weight_bytes(fp8) == want, "FP8 weights: 1 byte per value plus a float32 scale per output channel"
+    gen = ChunkGenerator(cfg, mode="optimized", model=model, seed=0)
+    c = cache_bytes(gen.cache)
+    s, h, d, layers = cfg.cache_slots, cfg.n_heads, cfg.head_dim, cfg.n_layers
+    assert c["ring_bytes"] == 2 * layers * s * h * (d + 4) + s * 3 * 8, c
+    assert c["read_image_bytes"] == 0 and c["whole_window_bytes"] == 0, c
