@@ -8,11 +8,14 @@ rank's bf16 weights, the bf16-GEMM row and the baseline run those bf16 weights t
   optimized       the served engine (EngineOptions.served: FP8 GEMMs, fused kernels, the ring, read-image
                   attention with split-KV, CUDA graphs)
   whole_window    cache_policy = whole_window: the window kept un-rotated, re-rotated and re-quantized on every
-                  attention call (compiled; under CUDA graphs when capture works, else eagerly, said in the row)
+                  attention call (compiled)
   bf16_gemm       gemm = bf16: bf16 GEMMs, the norm/modulation and SwiGLU compiled with bf16 output
   unfused_norm    fused_norm = False: residual, LayerNorm, modulation, SwiGLU as torch ops, then quant_rows
   no_cuda_graphs  cuda_graphs = False: every pass launched eagerly
   no_split_kv     kv_splits = 1: one attention call over all slots
+The rows with compiled parts (whole_window, bf16_gemm) run under CUDA graphs; should their capture fail, the row
+runs again without graphs and says so in its "note". A row that fails otherwise carries its "error"; the others
+still run.
 Each row: median and p99 ms per chunk over `--chunks` chunks after `--warmup`, its ratio to the optimized median,
 and the relative RMS (‖a − b‖ / ‖b‖) of its latents against the baseline's over every chunk it ran (warm-up
 included: the same seed and audio per chunk). On a CPU (`--preset tiny --device cpu`) the same harness runs with
@@ -44,6 +47,9 @@ UNDONE = {"baseline": "everything: eager float parts, per-call whole-cache work"
           "whole_window": "the ring (whole-window re-rotation + re-quantization per call)",
           "bf16_gemm": "FP8 GEMMs (bf16 GEMMs)", "unfused_norm": "the fused norm/modulation/quantization kernels",
           "no_cuda_graphs": "CUDA graphs", "no_split_kv": "split-KV attention (kv_splits = 1)"}
+
+
+COMPILED_ROWS = ("whole_window", "bf16_gemm")  # torch.compile'd parts: run eagerly, with a note, if capture fails
 
 
 def variant_options(optimized: EngineOptions) -> dict[str, EngineOptions | None]:
@@ -199,20 +205,23 @@ def run(args) -> int:
     fp8_model = install_parts(model, EngineOptions(fp8=True))  # one FP8 quantization, shared by the FP8 rows
     rows, lats = {}, {}
     for name, options in variant_options(optimized).items():
-        try:
-            rows[name], lats[name] = run_row(name, options, cfg=cfg, model=model, fp8_model=fp8_model, device=device,
-                                             args=args, memory=memory if name == "optimized" else None)
-        except Exception as exc:  # a row that fails is reported; the other rows still run
-            if options is None or not options.cuda_graphs or options.cache_policy is not CachePolicy.WHOLE_WINDOW:
-                rows[name] = {"row": name, "undone": UNDONE[name], "options": _options_json(options),
-                              "error": f"{type(exc).__name__}: {exc}"}
+        attempts = [options]
+        if name in COMPILED_ROWS and options.cuda_graphs:
+            attempts.append(options.replace(cuda_graphs=False))
+        errors = []
+        for opts in attempts:
+            try:
+                rows[name], lats[name] = run_row(name, opts, cfg=cfg, model=model, fp8_model=fp8_model, device=device,
+                                                 args=args, memory=memory if name == "optimized" else None)
+                break
+            except Exception as exc:  # reported in the row; the other rows still run
+                errors.append(f"{type(exc).__name__}: {exc}")
                 _free(device)
-                continue
-            # the whole window under CUDA graphs did not capture: the same row eagerly, said in the row
-            _free(device)
-            rows[name], lats[name] = run_row(name, options.replace(cuda_graphs=False), cfg=cfg, model=model,
-                                             fp8_model=fp8_model, device=device, args=args)
-            rows[name]["note"] = f"run without CUDA graphs: capture failed ({type(exc).__name__}: {exc})"
+        if name not in rows:
+            rows[name] = {"row": name, "undone": UNDONE[name], "options": _options_json(options),
+                          "error": " | then: ".join(errors)}
+        elif errors:
+            rows[name]["note"] = f"run without CUDA graphs: under graphs it failed ({errors[0]})"
     opt_ms = rows["optimized"].get("ms")
     ref = lats.get("baseline")
     for name, row in rows.items():

@@ -198,3 +198,27 @@ def test_bf16_gemms_refuse_an_already_quantized_model(setup):
 def test_compiled_part_is_eager_on_cpu():
     part = SwiGLUAct()
     assert fast_parts.compiled_part(part, torch.device("cpu")) is part
+
+
+@pytest.mark.parametrize("name, split_fn", [("whole_window", "split_kv_attention_fp8"), ("bf16_gemm", "split_kv_sdpa")])
+def test_split_kv_under_each_choice(setup, monkeypatch, name, split_fn):
+    """The GPU's attention form on a bf16 model: image attention with 7 KV parts (they divide the tiny ring's 91
+    slots) once every slot is valid — FP8 output through the quantizing combine (whole window), bf16 output
+    through the plain combine (bf16 GEMMs) — tracks the same choice with one call."""
+    cfg, model, _ = setup
+    bf = init_random_(VideoDiT(cfg), seed=4).to(torch.bfloat16)
+    calls = []
+    real = getattr(fast_parts, split_fn)
+    monkeypatch.setattr(fast_parts, split_fn, lambda *a, **k: calls.append(1) or real(*a, **k))
+    image = VARIANTS[name].replace(attention="image")
+
+    def run(options):
+        gen = ChunkGenerator(cfg, mode="optimized", engine=Engine.build(bf, options), seed=2, dtype=torch.bfloat16)
+        return _run(gen, cfg, 12)[0]
+
+    one = run(image)
+    assert not calls, "one KV part should not take the split path"
+    split = run(image.replace(kv_splits=7))
+    assert calls, f"{name}: the split-KV path never ran although every slot became valid"
+    errs = [_rel(a, b) for a, b in zip(split, one, strict=True)]
+    assert max(errs) < 1e-2, f"{name}: 7 KV parts vs one call, relative RMS up to {max(errs):.3e}"
