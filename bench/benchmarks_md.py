@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
+from vivant.bench.ablation_md import head_section as ablation_head_section
 from vivant.bench.fleet.doc_section import section as fleet_section
 
 R = Path(__file__).resolve().parent / "results"
@@ -141,6 +142,8 @@ s_rows = "\n".join(_s_row(n, sess[k]) for n, k in (
 fs = sess["2026-12-02_final"]
 fst = fs["playout"]["stages_ms"]
 
+ablation_head = ablation_head_section(R)
+
 print(f"""# Benchmarks
 
 Every figure here comes from a command in `bench/`, run as written, with its JSON committed under
@@ -158,6 +161,7 @@ requirements/worker.txt's pins) and unpacks a Debian `redis-server` carried in `
 `STEPS` names. The GPU tests (`pytest -m gpu tests/kernels tests/stream/test_decode_gpu.py tests/core/test_warm_up.py`)
 passed: 50 of 50 on 2026-12-01, and 51 of 51 (with the warm-up test) twice on 2026-12-02.
 
+{ablation_head}
 ## The unified engine and the served runtime (2026-12-01/02)
 
 The engine as served today: the FP8 parts of the one `VideoDiT` forward (`worker/model/fast_parts.py`, one frozen

@@ -96,3 +96,11 @@ def test_memory_counts_on_cpu_tensors():
     s, h, d, layers = cfg.cache_slots, cfg.n_heads, cfg.head_dim, cfg.n_layers
     assert c["ring_bytes"] == 2 * layers * s * h * (d + 4) + s * 3 * 8, c
     assert c["read_image_bytes"] == 0 and c["whole_window_bytes"] == 0, c
+
+
+def test_the_doc_renderer_takes_the_harness_output(doc):
+    from vivant.bench.ablation_md import LABELS, section
+
+    text = section(doc, "ablation_tiny_cpu.json")
+    for name in ROWS:
+        assert LABELS[name] in text, f"row {name} missing from the rendered table"
