@@ -93,7 +93,11 @@ def run_row(name: str, options: EngineOptions | None, *, cfg: ModelConfig, model
         gen = ChunkGenerator(cfg, mode=CacheMode.BASELINE, model=model, **kw)
     else:
         base = model if options.gemm is GemmPrecision.BF16 else fp8_model
-        gen = ChunkGenerator(cfg, mode=CacheMode.OPTIMIZED, engine=Engine(install_parts(base, options), options), **kw)
+        engine = Engine(install_parts(base, options), options)
+        if memory is not None:
+            memory.mark("before_cache")
+        gen = ChunkGenerator(cfg, mode=CacheMode.OPTIMIZED, engine=engine, **kw)
+        del engine
     try:
         times, lat = _timed(gen, cfg, args, memory)
         row["graph_replays"], row["eager_calls"] = gen.engine.graph_replays, gen.engine.eager_calls
@@ -202,7 +206,11 @@ def run(args) -> int:
                      "the baseline cache; numerics = relative RMS of each chunk's latents against it",
     }
     model = build_rank(cfg, args.tp, args.rank, keep_bf16=True, seed=args.seed, device=str(device), init=args.init)
+    if memory is not None:
+        memory.mark("before_fp8_weights")
     fp8_model = install_parts(model, EngineOptions(fp8=True))  # one FP8 quantization, shared by the FP8 rows
+    if memory is not None:
+        memory.mark("after_fp8_weights")
     rows, lats = {}, {}
     for name, options in variant_options(optimized).items():
         attempts = [options]

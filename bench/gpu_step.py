@@ -386,8 +386,11 @@ def run(args) -> int:
                             cuda_graphs=not args.no_graphs,
                             ring=getattr(args, "ring", None) or EngineOptions.served("cuda").ring)
     result["ring"] = options.ring.value
+    memory.mark("before_fp8_weights")
     fast = Engine.build(model, options, inplace=not keep_bf16)  # keep_bf16: the float model stays the baseline
+    memory.mark("after_fp8_weights")
     result["weights_gb"] = torch.cuda.memory_allocated() / 1e9
+    memory.mark("before_cache")
     opt = ChunkGenerator(cfg, mode=CacheMode.OPTIMIZED, device="cuda", dtype=torch.bfloat16, engine=fast,
                          seed=args.seed)
     memory.mark("before_chunk0")

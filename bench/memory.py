@@ -1,8 +1,9 @@
 """Device memory of one rank's step, part by part, and its headroom on the cards a fleet runs (issue: the numbers
 the fleet needs; docs/BENCHMARKS.md).
 
-Parts, each measured where it is built (torch.cuda memory_allocated / memory_reserved deltas) or counted from its
-tensors:
+Parts, each counted from its tensors and measured by the allocator's delta around building it (torch.cuda
+memory_allocated; `measured_deltas`: fp8_weights around the FP8 quantization of the projections, ring_cache around
+the cache's allocation, kept_by_chunk0 across chunk 0, which allocates the read image or the whole-window store):
   context      the CUDA context and whatever else holds the GPU before this process allocates: total − free of
                `torch.cuda.mem_get_info` at the start (outside PyTorch's allocator, so not in its counters)
   weights      the served engine's tensors (FP8 projections and their scales, the bf16 rest), counted once each
@@ -100,13 +101,18 @@ class StepMemory:
         before, after0, end = self.marks["before_chunk0"], self.marks["after_chunk0"], self.marks["after_run"]
         image_and_window = c["read_image_bytes"] + c["whole_window_bytes"]
         activations = max(0, self.marks["chunk0_peak"][0] - before[0] - image_and_window)
+        alloc = {name: m[0] for name, m in self.marks.items()}
+        pairs = {"fp8_weights": ("before_fp8_weights", "after_fp8_weights"),
+                 "ring_cache": ("before_cache", "before_chunk0")}
+        deltas = {k: alloc[b] - alloc[a] for k, (a, b) in pairs.items() if a in alloc and b in alloc}
+        deltas["kept_by_chunk0"] = after0[0] - before[0]  # the read image or whole-window store, the modulation cache
         graphs_reserved = max(0, end[1] - after0[1])
         served = self.context_bytes + weights + c["ring_bytes"] + image_and_window + activations + graphs_reserved
         peak_alloc, peak_res = self.peak()
         return {"context_bytes": self.context_bytes, "weights_bytes": weights, **c,
                 "activations_peak_bytes": activations, "graphs_reserved_bytes": graphs_reserved,
                 "graphs_allocated_bytes": max(0, end[0] - after0[0]),
-                "served_estimate_bytes": served, "process_peak_allocated_bytes": peak_alloc,
+                "measured_deltas": deltas, "served_estimate_bytes": served, "process_peak_allocated_bytes": peak_alloc,
                 "process_peak_reserved_bytes": peak_res, "device_total_bytes": self.total_bytes,
                 "headroom_bytes": {card: cap - served for card, cap in CARDS.items()},
                 "note": "served estimate = context + weights + ring + read image + activations + graph pools; "

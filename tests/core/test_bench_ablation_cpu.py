@@ -104,3 +104,66 @@ def test_the_doc_renderer_takes_the_harness_output(doc):
     text = section(doc, "ablation_tiny_cpu.json")
     for name in ROWS:
         assert LABELS[name] in text, f"row {name} missing from the rendered table"
+
+
+class FakeAllocator:
+    """Stands in for torch.cuda's allocator counters: this machine has no GPU, and the GPU run is the only other
+    place `StepMemory.report` runs. Bytes move as the test says; the report's arithmetic and keys are checked."""
+
+    def __init__(self):
+        self.allocated, self.reserved, self.peak_alloc, self.peak_res = 0, 0, 0, 0
+
+    def set(self, allocated, reserved):
+        self.allocated, self.reserved = allocated, reserved
+        self.peak_alloc, self.peak_res = max(self.peak_alloc, allocated), max(self.peak_res, reserved)
+
+    def install(self, monkeypatch):
+        import torch
+
+        for name, fn in {"mem_get_info": lambda d=None: (100 - 3 - self.reserved, 100),
+                         "memory_allocated": lambda d=None: self.allocated,
+                         "memory_reserved": lambda d=None: self.reserved, "synchronize": lambda d=None: None,
+                         "reset_peak_memory_stats": lambda d=None: self.set_peak(),
+                         "max_memory_allocated": lambda d=None: self.peak_alloc,
+                         "max_memory_reserved": lambda d=None: self.peak_res}.items():
+            monkeypatch.setattr(torch.cuda, name, fn)
+
+    def set_peak(self):
+        self.peak_alloc, self.peak_res = self.allocated, self.reserved
+
+
+def test_memory_report_arithmetic(monkeypatch):
+    import torch
+    from vivant.bench.memory import CARDS, StepMemory, cache_bytes, engine_weight_bytes
+    from vivant.worker.model.config import ModelConfig
+    from vivant.worker.model.generator import ChunkGenerator
+    from vivant.worker.model.model import VideoDiT, init_random_
+
+    fake = FakeAllocator()
+    fake.install(monkeypatch)
+    mem = StepMemory(torch.device("cuda"))
+    assert mem.context_bytes == 3, "context = total − free − what torch reserved"
+    fake.set(50, 60)
+    mem.mark("before_fp8_weights")
+    fake.set(65, 80)
+    mem.mark("after_fp8_weights")
+    mem.mark("before_cache")
+    fake.set(70, 80)
+    mem.mark("before_chunk0")
+    mem.reset_peak()
+    fake.set(90, 100)  # chunk 0's peak
+    fake.set(72, 100)  # after it: 2 kept
+    hook = mem.chunk_hook()
+    hook(0, False)
+    fake.set(75, 110)  # graphs captured
+    hook(1, True)
+    cfg = ModelConfig.from_name("tiny")
+    model = init_random_(VideoDiT(cfg), seed=0)
+    cache = ChunkGenerator(cfg, mode="optimized", model=model, seed=0).cache
+    r = mem.report(model, cache)
+    w, c = engine_weight_bytes(model), cache_bytes(cache)
+    assert r["measured_deltas"] == {"fp8_weights": 15, "ring_cache": 5, "kept_by_chunk0": 2}, r["measured_deltas"]
+    assert r["activations_peak_bytes"] == 20 and r["graphs_reserved_bytes"] == 10 and r["graphs_allocated_bytes"] == 3
+    assert r["served_estimate_bytes"] == 3 + w + c["ring_bytes"] + 20 + 10
+    assert r["headroom_bytes"] == {k: v - r["served_estimate_bytes"] for k, v in CARDS.items()}
+    assert r["process_peak_allocated_bytes"] == 90 and r["process_peak_reserved_bytes"] == 110
