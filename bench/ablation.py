@@ -187,11 +187,12 @@ def run(args) -> int:
     cuda = device.type == "cuda"
     memory = StepMemory(device) if cuda else None  # first: the CUDA context before this process allocates
     cfg = ModelConfig.from_name(args.preset)
+    workspace = None
     if cuda:
         from vivant.kernels.fp8_gemm import prefer_static_gemm_schedule
 
         torch.backends.cuda.matmul.allow_tf32 = False
-        prefer_static_gemm_schedule()  # before the first GEMM of the process, as the worker does
+        workspace = prefer_static_gemm_schedule()  # before the first GEMM of the process, as the worker does
     sms = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 0
     splits = args.attn_kv_splits
     if splits == "auto":
@@ -201,7 +202,7 @@ def run(args) -> int:
         "bench": "step_ablation", "preset": cfg.name, "tp": args.tp, "rank": args.rank, "gpus": 1 if cuda else 0,
         "machine": machine(device), "date": time.strftime("%Y-%m-%d"), "chunks": args.chunks, "warmup": args.warmup,
         "passes": cfg.passes, "layers": cfg.n_layers, "init": args.init, "seed": args.seed,
-        "command": command(args),
+        "command": command(args), "cublaslt_workspace_kib": workspace,
         "reference": "the baseline row: the float parts (bf16 GEMMs and attention on the same bf16 weights, eager) with "
                      "the baseline cache; numerics = relative RMS of each chunk's latents against it",
     }
@@ -230,7 +231,28 @@ def run(args) -> int:
                           "error": " | then: ".join(errors)}
         elif errors:
             rows[name]["note"] = f"run without CUDA graphs: under graphs it failed ({errors[0]})"
-    opt_ms = rows["optimized"].get("ms")
+        _summarize(rows, lats)
+        result["rows"] = [rows[n] for n in ROWS if n in rows]
+        _write(result, args)  # after every row: a run cut short still leaves what it measured
+    result["memory"] = rows["optimized"].get("memory")
+    if cuda:
+        del model, fp8_model
+        _free(device)
+        try:
+            result["policy_kernels"] = policy_kernel_times(cfg, args.tp)
+        except Exception as exc:  # the rows above stand without it
+            result["policy_kernels_error"] = f"{type(exc).__name__}: {exc}"
+    text = _write(result, args)
+    if args.json:
+        print(text)
+    else:
+        _print_table(result, cfg, args, device)
+    return 0
+
+
+def _summarize(rows: dict, lats: dict) -> None:
+    """Each timed row's ratio to the optimized median and its numerics against the baseline (when both ran)."""
+    opt_ms = rows.get("optimized", {}).get("ms")
     ref = lats.get("baseline")
     for name, row in rows.items():
         if "ms" not in row:
@@ -240,27 +262,25 @@ def run(args) -> int:
             errs = [float((a - b).norm() / b.norm()) for a, b in zip(lats[name], ref, strict=True)]
             row["numerics"] = {"chunks": len(errs), "max_rel_rms": max(errs), "median_rel_rms": float(np.median(errs)),
                                "rel_rms_per_chunk": [round(e, 6) for e in errs]}
-    result["rows"] = [rows[name] for name in ROWS]
-    result["memory"] = rows["optimized"].get("memory")
-    if cuda:
-        del model, fp8_model
-        _free(device)
-        result["policy_kernels"] = policy_kernel_times(cfg, args.tp)
+
+
+def _write(result: dict, args) -> str:
     text = json.dumps(result, indent=2)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
-    if args.json:
-        print(text)
-    else:
-        print(f"{cfg.name} tp={args.tp} rank={args.rank} on {result['machine'].get('gpu', device.type)}")
-        print(f"{'row':<16} {'ms/chunk':>10} {'p99':>10} {'× opt':>7} {'max rel RMS':>12}")
-        for r in result["rows"]:
-            if "error" in r:
-                print(f"{r['row']:<16} error: {r['error']}")
-                continue
-            x = r.get("x_optimized")
-            err = r.get("numerics", {}).get("max_rel_rms")
-            print(f"{r['row']:<16} {r['ms']:>10.2f} {r['p99_ms']:>10.2f} {x if x is None else f'{x:.2f}':>7} "
-                  f"{'—' if err is None else f'{100 * err:.2f} %':>12}")
-    return 0
+    return text
+
+
+def _print_table(result: dict, cfg: ModelConfig, args, device: torch.device) -> None:
+    print(f"{cfg.name} tp={args.tp} rank={args.rank} on {result['machine'].get('gpu', device.type)}")
+    print(f"{'row':<16} {'ms/chunk':>10} {'p99':>10} {'× opt':>7} {'max rel RMS':>12}")
+    for r in result["rows"]:
+        if "error" in r:
+            print(f"{r['row']:<16} error: {r['error']}")
+            continue
+        x = r.get("x_optimized")
+        err = r.get("numerics", {}).get("max_rel_rms")
+        x_text = "—" if x is None else f"{x:.2f}"
+        err_text = "—" if err is None else f"{100 * err:.2f} %"
+        print(f"{r['row']:<16} {r['ms']:>10.2f} {r['p99_ms']:>10.2f} {x_text:>7} {err_text:>12}")

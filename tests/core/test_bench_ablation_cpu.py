@@ -167,3 +167,40 @@ def test_memory_report_arithmetic(monkeypatch):
     assert r["served_estimate_bytes"] == 3 + w + c["ring_bytes"] + 20 + 10
     assert r["headroom_bytes"] == {k: v - r["served_estimate_bytes"] for k, v in CARDS.items()}
     assert r["process_peak_allocated_bytes"] == 90 and r["process_peak_reserved_bytes"] == 110
+
+
+def test_a_failing_row_is_reported_and_a_compiled_row_retries_without_graphs(monkeypatch, tmp_path):
+    """Faults: a row whose engine fails carries its error and the other rows still run; a row with compiled parts
+    that fails under CUDA graphs (here: graphs asked for on a CPU, which the engine refuses) runs again without
+    them and says so."""
+    from vivant.bench import ablation
+
+    real_options, real_row = ablation.variant_options, ablation.run_row
+
+    def graphs_on_cpu(optimized):
+        o = real_options(optimized)
+        return o | {"whole_window": o["whole_window"].replace(cuda_graphs=True)}  # valid options, refused on a CPU
+
+    def failing_row(name, opts, **kw):
+        if name == "unfused_norm":
+            raise RuntimeError("injected failure")
+        return real_row(name, opts, **kw)
+
+    monkeypatch.setattr(ablation, "variant_options", graphs_on_cpu)
+    monkeypatch.setattr(ablation, "run_row", failing_row)
+    out = tmp_path / "a.json"
+    parser = argparse.ArgumentParser()
+    step.add_arguments(parser)
+    args = parser.parse_args(["--preset", "tiny", "--device", "cpu", "--ablation", "--chunks", "1", "--warmup", "0",
+                              "--out", str(out), "--json"])
+    assert step.run(args) == 0
+    rows = {r["row"]: r for r in json.loads(out.read_text())["rows"]}
+    assert list(rows) == list(ROWS)
+    assert rows["unfused_norm"]["error"] == "RuntimeError: injected failure", rows["unfused_norm"]
+    assert "ms" not in rows["unfused_norm"]
+    ww = rows["whole_window"]
+    assert ww["note"].startswith("run without CUDA graphs: under graphs it failed (ValueError: EngineOptions.cuda_graphs"), ww
+    assert ww["options"]["cuda_graphs"] is False and math.isfinite(ww["ms"])
+    for name in ("baseline", "optimized", "bf16_gemm", "no_cuda_graphs", "no_split_kv"):
+        assert "error" not in rows[name] and math.isfinite(rows[name]["ms"]), rows[name]
+
