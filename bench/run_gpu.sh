@@ -31,7 +31,8 @@ step() { case ",$STEPS," in *",$1,"*) ;; *) return 0;; esac; shift
 step tune "kernel sweeps, step variants, numerics probes" python3 bench/gpu_tune.py --out "$OUT/tune.json" \
     --parts ${TUNE_PARTS:-kernels,step,numerics}
 step smoke "smoke: tiny on cuda, the served engine (FP8 parts, CUDA graphs) vs the float parts" python3 bench/gpu_smoke.py
-step tests "gpu tests" python3 -m pytest -q -m gpu tests/kernels tests/stream/test_decode_gpu.py tests/core/test_warm_up.py ${GPU_TESTS:-} -p no:cacheprovider
+step tests "gpu tests" python3 -m pytest -q -m gpu tests/kernels tests/stream/test_decode_gpu.py tests/core/test_warm_up.py \
+    tests/core/test_ablation_parts_gpu.py ${GPU_TESTS:-} -p no:cacheprovider
 step tp4 "bench step 57b tp4 rank0" python3 -m vivant bench step --preset 57b --tp 4 --rank 0 --device ${SESSION_DEVICE:-cuda} \
     --chunks 20 --warmup 8 --numerics-chunks ${NUMERICS_CHUNKS:-104} ${STEP_ARGS:-} --out "$OUT/step_57b_tp4_rank0${STEP_TAG:-}.json"
 # each engine choice against its absence, one process, same weights (bench/ablation.py; docs/BENCHMARKS.md's head)
