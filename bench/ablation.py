@@ -49,6 +49,14 @@ UNDONE = {"baseline": "everything: eager float parts, per-call whole-cache work"
           "no_cuda_graphs": "CUDA graphs", "no_split_kv": "split-KV attention (kv_splits = 1)"}
 
 
+HOW = {"whole_window": "the window kept un-rotated in bf16; per attention call every key re-rotated and the whole "
+                       "window re-quantized to FP8 and back by one torch.compile'd function "
+                       "(worker/model/whole_window.py), then the image attention the ring uses",
+       "bf16_gemm": "F.linear on the bf16 weights; residual/LayerNorm/modulation and SwiGLU are the float parts "
+                    "torch.compile'd (inductor-fused) with bf16 output: kernels/fused_quant.py has no non-quantizing "
+                    "variant; attention output unquantized; the ring stays FP8",
+       "unfused_norm": "residual add, LayerNorm, modulation and SwiGLU as torch ops (the float parts), then "
+                       "quant_rows (kernels/fused_quant.py)"}
 COMPILED_ROWS = ("whole_window", "bf16_gemm")  # torch.compile'd parts: run eagerly, with a note, if capture fails
 
 
@@ -88,6 +96,8 @@ def run_row(name: str, options: EngineOptions | None, *, cfg: ModelConfig, model
             args, memory: StepMemory | None = None) -> tuple[dict, list[torch.Tensor]]:
     """Build one row's engine, time it, free it. Returns (the row without ratios/numerics, its latents)."""
     row: dict = {"row": name, "undone": UNDONE[name], "options": _options_json(options)}
+    if name in HOW:
+        row["implementation"] = HOW[name]
     kw = dict(device=device, dtype=torch.bfloat16, seed=args.seed)
     if options is None:
         gen = ChunkGenerator(cfg, mode=CacheMode.BASELINE, model=model, **kw)

@@ -15,6 +15,8 @@ multiplied by its count per chunk (60 layers × 4 passes); "other" is the measur
 sum. FLOPs count the four GEMMs (2·M·N·K each) per layer and pass. The FP8 ceiling is the measured
 median rate of `torch._scaled_mm` rowwise at the same four shapes.
 `--tp 1` builds the whole model layer by layer in FP8 (≈57 GB) and times the optimized path only.
+"memory": the optimized engine's device memory per rank by part and its headroom on an 80 GB H100 and a 141 GB
+H200 (bench/memory.py). `--ablation` runs bench/ablation.py instead (each engine choice against its absence).
 """
 
 from __future__ import annotations
