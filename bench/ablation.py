@@ -74,7 +74,7 @@ def _options_json(o: EngineOptions | None) -> dict | None:
     if o is None:
         return None
     return {"attention": o.attention.value, "kv_splits": o.kv_splits, "fast_accum": o.fast_accum,
-            "cuda_graphs": o.cuda_graphs, "gemm": o.gemm.value, "fused_norm": o.fused_norm,
+            "cuda_graphs": o.cuda_graphs, "ring": o.ring.value, "gemm": o.gemm.value, "fused_norm": o.fused_norm,
             "cache_policy": o.cache_policy.value}
 
 

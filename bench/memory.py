@@ -49,9 +49,11 @@ def engine_weight_bytes(model: torch.nn.Module) -> int:
 
 
 def cache_bytes(cache) -> dict[str, int]:
-    """The ring (K/V, scales, slot positions), its read image and the whole-window store, if any."""
+    """The ring (K/V, scales, slot positions), its read image (0 when the ring is its own image: a bf16 ring) and
+    the whole-window store, if any."""
     ring = tensor_bytes([getattr(cache, n, None) for n in ("k", "v", "k_scale", "v_scale", "slot_pos")])
-    image = tensor_bytes([cache.k_image, cache.v_image])
+    own_image = cache.k_image is not None and cache.k_image is not cache.k  # a bf16 ring is its own image
+    image = tensor_bytes([cache.k_image, cache.v_image]) if own_image else 0
     window = cache.window.nbytes if getattr(cache, "window", None) is not None else 0
     return {"ring_bytes": ring, "read_image_bytes": image, "whole_window_bytes": window}
 

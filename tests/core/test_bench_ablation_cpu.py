@@ -96,6 +96,14 @@ def test_memory_counts_on_cpu_tensors():
     s, h, d, layers = cfg.cache_slots, cfg.n_heads, cfg.head_dim, cfg.n_layers
     assert c["ring_bytes"] == 2 * layers * s * h * (d + 4) + s * 3 * 8, c
     assert c["read_image_bytes"] == 0 and c["whole_window_bytes"] == 0, c
+    gen.cache.enable_read_image(torch.bfloat16)
+    assert cache_bytes(gen.cache)["read_image_bytes"] == 2 * layers * s * h * d * 2, "a separate bf16 image"
+    bf16_ring = ChunkGenerator(cfg, mode="optimized", seed=0, model=model,
+                               options=EngineOptions(fp8=True, attention="image", ring="bf16")).cache
+    bf16_ring.enable_read_image(torch.bfloat16)
+    c = cache_bytes(bf16_ring)
+    assert c["read_image_bytes"] == 0, "a bf16 ring is its own image: not counted twice"
+    assert c["ring_bytes"] == 2 * layers * s * h * (2 * d + 4) + s * 3 * 8, c
 
 
 def test_the_doc_renderer_takes_the_harness_output(doc):

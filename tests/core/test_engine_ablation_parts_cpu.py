@@ -222,3 +222,8 @@ def test_split_kv_under_each_choice(setup, monkeypatch, name, split_fn):
     assert calls, f"{name}: the split-KV path never ran although every slot became valid"
     errs = [_rel(a, b) for a, b in zip(split, one, strict=True)]
     assert max(errs) < 1e-2, f"{name}: 7 KV parts vs one call, relative RMS up to {max(errs):.3e}"
+
+
+def test_whole_window_refuses_a_bf16_ring():
+    with pytest.raises(ValueError, match="cache_policy = 'whole_window' needs ring = 'fp8'"):
+        EngineOptions(fp8=True, attention="image", ring="bf16", cache_policy="whole_window")
