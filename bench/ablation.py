@@ -49,8 +49,8 @@ UNDONE = {"baseline": "everything: eager float parts, per-call whole-cache work"
           "no_cuda_graphs": "CUDA graphs", "no_split_kv": "split-KV attention (kv_splits = 1)"}
 
 
-HOW = {"whole_window": "the window kept un-rotated in bf16; per attention call every key re-rotated and the whole "
-                       "window re-quantized to FP8 and back by one torch.compile'd function "
+HOW = {"whole_window": "the window kept un-rotated in bf16; per attention call every key re-rotated (and, when the "
+                       "ring is FP8, the whole window re-quantized to FP8 and back) by one torch.compile'd function "
                        "(worker/model/whole_window.py), then the image attention the ring uses",
        "bf16_gemm": "F.linear on the bf16 weights; residual/LayerNorm/modulation and SwiGLU are the float parts "
                     "torch.compile'd (inductor-fused) with bf16 output: kernels/fused_quant.py has no non-quantizing "
@@ -122,11 +122,12 @@ def run_row(name: str, options: EngineOptions | None, *, cfg: ModelConfig, model
 
 
 def policy_kernel_times(cfg: ModelConfig, tp: int) -> dict:
-    """Per call, at this rank's shapes (GPU): the ring write (kernels/qkv_ring.py: q/k norm, RoPE, FP8 + ring and
-    image write of the chunk) beside the whole-window policy's per-call work (q/k norm + RoPE(q), the chunk's
-    un-rotated k, v into the store, the compiled re-rotation + re-quantization of the whole window) and that last
-    function alone. µs per call replayed in a CUDA graph (as the engine runs them) and by do_bench (cold L2),
-    and ms per chunk (× layers × passes)."""
+    """Per call, at this rank's shapes (GPU), for each ring format (fp8: codes + scales + the bf16 read image;
+    bf16: rows, its own image): the ring write (kernels/qkv_ring.py: q/k norm, RoPE, the chunk into the ring)
+    beside the whole-window policy's per-call work standing in for that ring (q/k norm + RoPE(q), the chunk's
+    un-rotated k, v into the store, the compiled re-rotation — and for fp8 re-quantization — of the whole window)
+    and that compiled function alone. µs per call replayed in a CUDA graph (as the engine runs them) and by
+    do_bench (cold L2), and ms per chunk (× layers × passes)."""
     from vivant.bench.gpu_step import _bench, graph_us
     from vivant.kernels.qk_norm_rope import qk_norm_rope
     from vivant.kernels.qkv_ring import qkv_ring_write
@@ -138,34 +139,41 @@ def policy_kernel_times(cfg: ModelConfig, tp: int) -> dict:
     w = torch.ones(d, device=dev, dtype=bf)
     cos, sin = torch.rand(n, d // 2, device=dev), torch.rand(n, d // 2, device=dev)
     slots = torch.randperm(s, device=dev)[:n]
-    k8 = torch.zeros(s, h, d, device=dev, dtype=torch.float8_e4m3fn)
-    v8 = torch.zeros_like(k8)
     ks, vs = torch.ones(s, h, device=dev), torch.ones(s, h, device=dev)
-    kimg, vimg = torch.zeros(s, h, d, device=dev, dtype=bf), torch.zeros(s, h, d, device=dev, dtype=bf)
-    store = WindowStore(layers=1, slots=s, heads=h, head_dim=d, dtype=bf, device=dev, compiled=True)
-    store.k.normal_()
-    store.v.normal_()
-    store.set_angles(torch.randint(0, 40, (s, 3), device=dev), cfg.rope_dims, cfg.rope_theta)
-
-    def ring():
-        qkv_ring_write(qkv, w, w, cos, sin, slots, k8, v8, ks, vs, h, k_image=kimg, v_image=vimg)
-
-    def window_requant():
-        store.images(0)
-
-    def window_call():
-        q_rot, k = qk_norm_rope(qkv, w, w, cos, sin, h)
-        store.write(0, k, qkv.view(n, 3, h, d)[:, 2], slots)
-        store.images(0)
-
+    positions = torch.randint(0, 40, (s, 3), device=dev)
     calls = cfg.n_layers * cfg.passes
     out: dict = {"calls_per_chunk": calls, "shapes": {"tokens": n, "heads": h, "head_dim": d, "slots": s}}
-    for name, fn in (("ring_write", ring), ("whole_window_call", window_call), ("whole_window_requant", window_requant)):
-        fn()  # compiles the whole-window function before any capture
-        torch.cuda.synchronize()
-        g_us, b_us = graph_us(fn), _bench(fn) * 1e3
-        out[name] = {"graph_us_per_call": g_us, "do_bench_us_per_call": b_us, "graph_ms_per_chunk": g_us * calls / 1e3,
-                     "do_bench_ms_per_chunk": b_us * calls / 1e3}
+    for ring in ("fp8", "bf16"):
+        fp8 = ring == "fp8"
+        kc = torch.zeros(s, h, d, device=dev, dtype=torch.float8_e4m3fn if fp8 else bf)
+        vc = torch.zeros_like(kc)
+        img = (torch.zeros(s, h, d, device=dev, dtype=bf), torch.zeros(s, h, d, device=dev, dtype=bf)) if fp8 \
+            else (None, None)
+        store = WindowStore(layers=1, slots=s, heads=h, head_dim=d, dtype=bf, device=dev, quantize=fp8, compiled=True)
+        store.k.normal_()
+        store.v.normal_()
+        store.set_angles(positions, cfg.rope_dims, cfg.rope_theta)
+
+        def ring_write(kc=kc, vc=vc, img=img):
+            qkv_ring_write(qkv, w, w, cos, sin, slots, kc, vc, ks, vs, h, k_image=img[0], v_image=img[1])
+
+        def window_function(store=store):
+            store.images(0)
+
+        def window_call(store=store):
+            q_rot, k = qk_norm_rope(qkv, w, w, cos, sin, h)
+            store.write(0, k, qkv.view(n, 3, h, d)[:, 2], slots)
+            store.images(0)
+
+        out[ring] = {}
+        for name, fn in (("ring_write", ring_write), ("whole_window_call", window_call),
+                         ("whole_window_function", window_function)):
+            fn()  # compiles the whole-window function before any capture
+            torch.cuda.synchronize()
+            g_us, b_us = graph_us(fn), _bench(fn) * 1e3
+            out[ring][name] = {"graph_us_per_call": g_us, "do_bench_us_per_call": b_us,
+                               "graph_ms_per_chunk": g_us * calls / 1e3, "do_bench_ms_per_chunk": b_us * calls / 1e3}
+        del kc, vc, img, store
     return out
 
 
@@ -212,7 +220,7 @@ def run(args) -> int:
         "bench": "step_ablation", "preset": cfg.name, "tp": args.tp, "rank": args.rank, "gpus": 1 if cuda else 0,
         "machine": machine(device), "date": time.strftime("%Y-%m-%d"), "chunks": args.chunks, "warmup": args.warmup,
         "passes": cfg.passes, "layers": cfg.n_layers, "init": args.init, "seed": args.seed,
-        "command": command(args), "cublaslt_workspace_kib": workspace,
+        "command": command(args), "cublaslt_workspace_kib": workspace, "ring": optimized.ring.value,
         "reference": "the baseline row: the float parts (bf16 GEMMs and attention on the same bf16 weights, eager) with "
                      "the baseline cache; numerics = relative RMS of each chunk's latents against it",
     }

@@ -64,15 +64,21 @@ def _kernels(doc: dict) -> str:
     k = doc.get("policy_kernels")
     if not k:
         return ""
-    ring, call, req = k["ring_write"], k["whole_window_call"], k["whole_window_requant"]
+    served = doc.get("ring", "fp8")
+    parts = []
+    for ring in (served, *(r for r in ("fp8", "bf16") if r != served)):
+        if ring not in k:
+            continue
+        w, call, fn = k[ring]["ring_write"], k[ring]["whole_window_call"], k[ring]["whole_window_function"]
+        what = "re-rotation + re-quantization" if ring == "fp8" else "re-rotation"
+        parts.append(f"{ring} ring{' (served)' if ring == served else ''}: the ring write "
+                     f"{w['graph_us_per_call']:.1f} µs ({w['graph_ms_per_chunk']:.1f} ms per chunk), the whole-window "
+                     f"call {call['graph_us_per_call']:.1f} µs ({call['graph_ms_per_chunk']:.1f} ms per chunk), of "
+                     f"which the compiled {what} of the window {fn['graph_us_per_call']:.1f} µs; do_bench (cold L2): "
+                     f"{w['do_bench_us_per_call']:.1f} vs {call['do_bench_us_per_call']:.1f} µs")
     return (f"\nPer attention call at these shapes ({k['shapes']['tokens']} tokens, {k['shapes']['heads']} heads, "
-            f"{k['shapes']['slots']} slots; {k['calls_per_chunk']} calls per chunk), replayed in a CUDA graph: the ring "
-            f"write (`kernels/qkv_ring.py`) {ring['graph_us_per_call']:.1f} µs ({ring['graph_ms_per_chunk']:.1f} ms per "
-            f"chunk); the whole-window policy's call (q/k norm + RoPE(q), the chunk into the store, the compiled "
-            f"re-rotation + re-quantization of the window) {call['graph_us_per_call']:.1f} µs "
-            f"({call['graph_ms_per_chunk']:.1f} ms per chunk), of which the compiled whole-window function "
-            f"{req['graph_us_per_call']:.1f} µs. With do_bench (cold L2): ring {ring['do_bench_us_per_call']:.1f} µs, "
-            f"whole window {call['do_bench_us_per_call']:.1f} µs.\n")
+            f"{k['shapes']['slots']} slots; {k['calls_per_chunk']} calls per chunk), replayed in a CUDA graph — "
+            + "; ".join(parts) + ".\n")
 
 
 def _memory(doc: dict) -> str:

@@ -27,9 +27,11 @@ def _doc() -> dict:
             "machine": {"device": "cuda", "gpu": "NVIDIA H200"},
             "command": "vivant bench step --ablation --preset 57b --tp 4",
             "reference": "the baseline row: the float parts; numerics = ...", "rows": rows,
+            "ring": "bf16",
             "policy_kernels": {"calls_per_chunk": 240, "shapes": {"tokens": 757, "heads": 16, "head_dim": 128,
                                                                    "slots": 5788},
-                               "ring_write": per, "whole_window_call": ww, "whole_window_requant": ww},
+                               "bf16": {"ring_write": per, "whole_window_call": ww, "whole_window_function": ww},
+                               "fp8": {"ring_write": per, "whole_window_call": ww, "whole_window_function": ww}},
             "memory": {"context_bytes": 0.6e9, "weights_bytes": 15.2e9, "ring_bytes": 1.45e9, "read_image_bytes": 2.8e9,
                        "activations_peak_bytes": 0.5e9, "graphs_reserved_bytes": 0.3e9, "served_estimate_bytes": 20.85e9,
                        "process_peak_reserved_bytes": 52e9,
@@ -45,8 +47,9 @@ def test_table_has_every_row_with_its_numbers():
     assert "run without CUDA graphs" in text
     assert "| eager baseline (float parts, per-call whole-cache work) | 480.0 | 504.0 | 4.80× | reference |" in text
     assert "bench/results/ablation_57b_tp4_rank0_h200_2026-12-02.json" in text
-    assert "ring write (`kernels/qkv_ring.py`) 6.5 µs (1.6 ms per chunk)" in text
-    assert "95.0 µs (22.8 ms per chunk)" in text
+    assert "bf16 ring (served): the ring write 6.5 µs (1.6 ms per chunk), the whole-window call 95.0 µs " \
+           "(22.8 ms per chunk), of which the compiled re-rotation of the window 95.0 µs" in text
+    assert "; fp8 ring: the ring write 6.5 µs" in text and "compiled re-rotation + re-quantization" in text
     assert "20.9 GB served per rank, leaving 59.1 GB on an 80 GB H100 and 120.2 GB on a 141 GB H200" in text
 
 

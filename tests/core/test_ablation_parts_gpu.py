@@ -17,7 +17,7 @@ from vivant.worker.model.fast_parts import install_parts
 from vivant.worker.model.generator import ChunkGenerator
 from vivant.worker.model.model import VideoDiT, init_random_
 from vivant.worker.model.options import CacheMode, EngineOptions
-from vivant.worker.model.whole_window import requantize_window_compiled
+from vivant.worker.model.whole_window import window_function_compiled
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -54,7 +54,7 @@ def test_each_choice_under_cuda_graphs_tracks_the_float_parts(model, reference, 
     assert max(errs) < 0.05, f"{change}: relative RMS vs the float parts up to {max(errs):.3e} ({errs})"
     if "cache_policy" in change:
         assert gen.cache.window is not None and gen.cache.k_image is None
-        assert gen.cache.window.requantize is requantize_window_compiled(), \
+        assert gen.cache.window.requantize is window_function_compiled(gen.cache.window.quantize), \
             "the whole window should run its compiled function on a GPU"
 
 
@@ -62,9 +62,10 @@ def test_policy_kernel_timing_runs_captured():
     from vivant.bench.ablation import policy_kernel_times
 
     out = policy_kernel_times(CFG, 1)
-    for name in ("ring_write", "whole_window_call", "whole_window_requant"):
-        for key, value in out[name].items():
-            assert math.isfinite(value) and value > 0, f"{name}.{key} = {value}"
+    for ring in ("fp8", "bf16"):
+        for name in ("ring_write", "whole_window_call", "whole_window_function"):
+            for key, value in out[ring][name].items():
+                assert math.isfinite(value) and value > 0, f"{ring}.{name}.{key} = {value}"
 
 
 def test_memory_report_on_the_allocator(model):

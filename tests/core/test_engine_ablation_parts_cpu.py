@@ -23,7 +23,7 @@ from vivant.worker.model.fast_parts import (
 from vivant.worker.model.generator import ChunkGenerator
 from vivant.worker.model.model import Linear, ResidualNormMod, SwiGLUAct, VideoDiT, init_random_
 from vivant.worker.model.options import CachePolicy, EngineOptions, GemmPrecision
-from vivant.worker.model.whole_window import requantize_window_eager
+from vivant.worker.model.whole_window import requantize_window_eager, rotate_window_eager
 
 FP8 = EngineOptions(fp8=True)
 CHUNKS = 26  # crosses position resets at the tiny preset's t_limit
@@ -224,6 +224,27 @@ def test_split_kv_under_each_choice(setup, monkeypatch, name, split_fn):
     assert max(errs) < 1e-2, f"{name}: 7 KV parts vs one call, relative RMS up to {max(errs):.3e}"
 
 
-def test_whole_window_refuses_a_bf16_ring():
-    with pytest.raises(ValueError, match="cache_policy = 'whole_window' needs ring = 'fp8'"):
-        EngineOptions(fp8=True, attention="image", ring="bf16", cache_policy="whole_window")
+def test_whole_window_beside_a_bf16_ring_rotates_without_quantizing(setup):
+    """Against the served GPU ring (bf16 rows, its own image) the whole window keeps bf16 and only re-rotates per
+    call (one choice undone, not the precision too): it tracks the bf16 ring across a reset, leaves the ring
+    unwritten, and its image is the rotated keys and kept values, unquantized."""
+    cfg, _, _ = setup
+    bf = init_random_(VideoDiT(cfg), seed=4).to(torch.bfloat16)
+    ring = FP8.replace(attention="image", ring="bf16")
+
+    def run(options):
+        gen = ChunkGenerator(cfg, mode="optimized", engine=Engine.build(bf, options), seed=2, dtype=torch.bfloat16)
+        lat, resets = _run(gen, cfg, cfg.t_limit + 2)
+        return gen, lat, resets
+
+    g_ww, got, resets = run(ring.replace(cache_policy="whole_window"))
+    _, want, _ = run(ring)
+    assert resets >= 1
+    errs = [_rel(a, b) for a, b in zip(got, want, strict=True)]
+    assert max(errs) < 1e-2, f"whole window vs the bf16 ring: relative RMS up to {max(errs):.3e} ({errs})"
+    win = g_ww.cache.window
+    assert win.quantize is False and win.requantize is rotate_window_eager
+    assert not g_ww.cache.k.float().any(), "the whole-window policy wrote the ring"
+    k_img, v_img = win.images(0)
+    assert v_img.data_ptr() == win.v[0].data_ptr(), "with a bf16 ring the kept values are the image"
+    assert torch.equal(k_img, rotate_window_eager(win.k[0], win.v[0], win.cos, win.sin)[0])

@@ -149,13 +149,15 @@ class KVCache:
         return self.k_image, self.v_image
 
     def enable_whole_window(self, dtype: torch.dtype) -> WindowStore:
-        """Allocate (once) the whole-window policy's store in `dtype`, its angles from the slots' positions now.
-        Allocate before a CUDA graph is captured (the engine's eager chunk 0 does): its addresses stay fixed."""
+        """Allocate (once) the whole-window policy's store in `dtype`, its angles from the slots' positions now;
+        it re-quantizes per call to FP8 when this cache's ring is FP8 (the ring it stands in for), not with a bf16
+        ring. Allocate before a CUDA graph is captured (the engine's eager chunk 0 does): addresses stay fixed."""
         if self.mode is not CacheMode.OPTIMIZED:
             raise ValueError("KVCache: the whole-window store sits beside the ring (mode='optimized'), not the baseline")
         if self.window is None:
             self.window = WindowStore(layers=self.layers, slots=self.layout.slots, heads=self.heads,
                                       head_dim=self.head_dim, dtype=dtype, device=self.device,
+                                      quantize=self.k.dtype == torch.float8_e4m3fn,
                                       compiled=self.device.type == "cuda")
             self.window.set_angles(self.slot_pos, self.rope_dims, self.rope_theta)
         elif self.window.k.dtype != dtype:

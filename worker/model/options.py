@@ -26,8 +26,8 @@ Names (StrEnum, so they compare equal to the strings the CLI, Redis and Promethe
                    each) | bf16 (bf16 GEMMs on the float projections, activations stay bf16; the ablation's row)
   CachePolicy      the fast parts' KV cache work: ring (RoPE + quantization once at write, the ring read as it is) |
                    whole_window (what streaming peers do: the window kept un-rotated in bf16, every attention call
-                   re-rotates every key to its current position and re-quantizes the whole window to FP8,
-                   worker/model/whole_window.py; the ablation's row)
+                   re-rotates every key to its current position and, for an FP8 ring, re-quantizes the whole
+                   window to FP8, worker/model/whole_window.py; the ablation's row)
   RowParallelPath  `vivant_worker_kernel_path_info{path}`: the O/down step in effect — fused_gemm_all_reduce,
                    gemm_then_all_reduce, or no_tp (nothing to fuse: TP = 1 or the one-GPU stand-in reduce)
 """
@@ -108,8 +108,8 @@ class EngineOptions:
                 one kernel each (kernels/fused_quant.py; with bf16 GEMMs, `torch.compile` of the float parts on a
                 GPU: the Triton kernels have no non-quantizing variant). False: the same arithmetic as separate
                 torch ops, then `quant_rows` (fp8).
-    cache_policy the fast parts' cache work (CachePolicy): the ring, or the whole-window re-rotation and
-                re-quantization per call (keeps its own window: needs ring = fp8, whose ring it leaves unwritten).
+    cache_policy the fast parts' cache work (CachePolicy): the ring, or the whole window re-rotated per call and,
+                with ring = fp8, re-quantized to FP8 per call (it keeps its own window; the ring stays unwritten).
     gemm, fused_norm and cache_policy choose among the fast parts (fp8=True); the float parts take the defaults.
     """
 
@@ -153,9 +153,7 @@ class EngineOptions:
                     shown = value.value if isinstance(value, StrEnum) else value
                     raise ValueError(f"EngineOptions.{name} = {shown!r} needs fp8=True (a choice among "
                                      "the fast parts; the float parts are the model as defined)")
-        if self.cache_policy is CachePolicy.WHOLE_WINDOW and self.ring is not RingFormat.FP8:
-            raise ValueError(f"EngineOptions.cache_policy = 'whole_window' needs ring = 'fp8' (it keeps its own "
-                             f"window and re-quantizes it per call), got ring = {self.ring.value!r}")
+
 
     @classmethod
     def reference(cls) -> EngineOptions:
