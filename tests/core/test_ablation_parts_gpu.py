@@ -41,8 +41,8 @@ def reference(model):
     return [g.generate_chunk(_audio(n), CFG.audio_sample_rate).latents for n in range(30)]
 
 
-@pytest.mark.parametrize("change", [{"cache_policy": "whole_window"}, {"gemm": "bf16"}, {"fused_norm": False},
-                                    {"kv_splits": 1}])
+@pytest.mark.parametrize("change", [{"cache_policy": "whole_window"}, {"cache_policy": "whole_window", "ring": "fp8"},
+                                    {"gemm": "bf16"}, {"fused_norm": False}, {"kv_splits": 1}])
 def test_each_choice_under_cuda_graphs_tracks_the_float_parts(model, reference, change):
     options = EngineOptions.served("cuda").replace(**change)
     engine = Engine.build(model, options)

@@ -29,8 +29,9 @@ branch inside them:
   fused_norm = False        (fp8) the float parts' residual/LayerNorm/modulation and SwiGLU as torch ops, then
                             `quant_rows`: `UnfusedFp8ResidualNormMod`, `UnfusedFp8SwiGLU`
   cache_policy = whole_window  `WholeWindowAttention`: q/k RMSNorm + RoPE(q) (kernels/qk_norm_rope.py), the
-                            un-rotated k, v into the window store, the per-call re-rotation and re-quantization of
-                            the whole window (worker/model/whole_window.py), attention over that image
+                            un-rotated k, v into the window store, the per-call re-rotation (and, for an FP8 ring,
+                            re-quantization) of the whole window (worker/model/whole_window.py), attention over
+                            that image
 
 With a baseline-mode cache (numerics reference only) `Fp8RingAttention` runs the cache's per-call whole-cache
 work in place of the ring write and attention, with the same FP8 GEMMs. On a CPU every kernel runs its float32
@@ -238,7 +239,7 @@ class Fp8RingAttention:
 class WholeWindowAttention(Fp8RingAttention):
     """The whole-window cache policy (worker/model/whole_window.py): QKV rows → q/k RMSNorm and RoPE(q) at the
     chunk's positions, the un-rotated k and v into the window store at the chunk's slots (and the sink's while
-    chunk 0 runs), then every key of the window re-rotated and the whole window re-quantized, and attention over
+    chunk 0 runs), then every key of the window re-rotated (and re-quantized, for an FP8 ring), and attention over
     that image — the image backend's calls (split-KV when every slot is valid and `kv_splits` > 1) whatever
     `backend` says, since the image is what this policy produces. Output as `Fp8RingAttention`'s."""
 
