@@ -248,3 +248,13 @@ def test_whole_window_beside_a_bf16_ring_rotates_without_quantizing(setup):
     k_img, v_img = win.images(0)
     assert v_img.data_ptr() == win.v[0].data_ptr(), "with a bf16 ring the kept values are the image"
     assert torch.equal(k_img, rotate_window_eager(win.k[0], win.v[0], win.cos, win.sin)[0])
+
+
+def test_rewind_is_refused_under_the_whole_window(setup):
+    """A turn's rewind (KVCache.rewind) restores the ring from its undo log; the whole window (an ablation, not a
+    served policy) keeps none, so a rewind is refused by name rather than leaving the window inconsistent."""
+    cfg, model, _ = setup
+    gen = ChunkGenerator(cfg, mode="optimized", engine=Engine.build(model, VARIANTS["whole_window"]), seed=2)
+    _run(gen, cfg, 3)
+    with pytest.raises(ValueError, match="whole-window policy .* keeps no undo log"):
+        gen.cache.rewind(gen.cache.next_chunk - 1)
