@@ -7,13 +7,15 @@ the cache's allocation, kept_by_chunk0 across chunk 0, which allocates the read 
   context      the CUDA context and whatever else holds the GPU before this process allocates: total − free of
                `torch.cuda.mem_get_info` at the start (outside PyTorch's allocator, so not in its counters)
   weights      the served engine's tensors (FP8 projections and their scales, the bf16 rest), counted once each
-  ring         the KV ring (FP8 K/V, scales, slot positions) and its bf16 read image, counted
-  activations  the peak of an eager chunk (chunk 0) above what was allocated before it, less the read image it
-               allocates
+  ring         the KV ring (FP8 K/V, scales, slot positions), its bf16 read image (none for a bf16 ring: it is
+               its own image) and the rewind undo log (worker/model/ring_undo.py), counted
+  activations  the peak of an eager chunk (chunk 0) above what was allocated before it, less the read image (or
+               whole-window store) and the undo log it allocates
   graphs       the CUDA graphs' private pools: memory reserved after the graph-replayed chunks minus after chunk 0
   peak         max_memory_allocated / max_memory_reserved over the whole run (includes what the benchmark keeps
                besides the served engine: the bf16 shard for the baseline and the other rows)
-The served estimate is context + weights + ring + activations + graphs (reserved: what the allocator holds);
+The served estimate is context + weights + ring (+ image, undo log) + activations + graphs (reserved: what the
+allocator holds; the undo log as the run allocated it: its reset snapshot exists only after a position reset);
 headroom = the card's bytes − that estimate: an 80 GB H100 (80e9 bytes) and a 141 GB H200 (141e9 bytes), the
 nominal capacities (the exact figure of this GPU is `device_total_bytes`).
 """
@@ -49,13 +51,15 @@ def engine_weight_bytes(model: torch.nn.Module) -> int:
 
 
 def cache_bytes(cache) -> dict[str, int]:
-    """The ring (K/V, scales, slot positions), its read image (0 when the ring is its own image: a bf16 ring) and
-    the whole-window store, if any."""
+    """The ring (K/V, scales, slot positions), its read image (0 when the ring is its own image: a bf16 ring), the
+    whole-window store, if any, and the rewind undo log (worker/model/ring_undo.py; allocated at the first chunk)."""
     ring = tensor_bytes([getattr(cache, n, None) for n in ("k", "v", "k_scale", "v_scale", "slot_pos")])
     own_image = cache.k_image is not None and cache.k_image is not cache.k  # a bf16 ring is its own image
     image = tensor_bytes([cache.k_image, cache.v_image]) if own_image else 0
     window = cache.window.nbytes if getattr(cache, "window", None) is not None else 0
-    return {"ring_bytes": ring, "read_image_bytes": image, "whole_window_bytes": window}
+    undo = getattr(cache, "undo", None)
+    undo_bytes = tensor_bytes(getattr(undo, "_buf", {}).values()) if undo is not None else 0
+    return {"ring_bytes": ring, "read_image_bytes": image, "whole_window_bytes": window, "undo_log_bytes": undo_bytes}
 
 
 class StepMemory:
@@ -101,7 +105,7 @@ class StepMemory:
         weights = engine_weight_bytes(model)
         c = cache_bytes(cache)
         before, after0, end = self.marks["before_chunk0"], self.marks["after_chunk0"], self.marks["after_run"]
-        image_and_window = c["read_image_bytes"] + c["whole_window_bytes"]
+        image_and_window = c["read_image_bytes"] + c["whole_window_bytes"] + c["undo_log_bytes"]
         activations = max(0, self.marks["chunk0_peak"][0] - before[0] - image_and_window)
         alloc = {name: m[0] for name, m in self.marks.items()}
         pairs = {"fp8_weights": ("before_fp8_weights", "after_fp8_weights"),
@@ -117,5 +121,6 @@ class StepMemory:
                 "measured_deltas": deltas, "served_estimate_bytes": served, "process_peak_allocated_bytes": peak_alloc,
                 "process_peak_reserved_bytes": peak_res, "device_total_bytes": self.total_bytes,
                 "headroom_bytes": {card: cap - served for card, cap in CARDS.items()},
-                "note": "served estimate = context + weights + ring + read image + activations + graph pools; "
+                "note": "served estimate = context + weights + ring + read image + undo log + activations + graph "
+                        "pools; "
                         "process peaks include what this benchmark keeps beside the served engine"}

@@ -8,6 +8,7 @@ import argparse
 import json
 import math
 
+import numpy as np
 import pytest
 from vivant.bench import step
 from vivant.bench.ablation import ROWS, variant_options
@@ -95,7 +96,12 @@ def test_memory_counts_on_cpu_tensors():
     c = cache_bytes(gen.cache)
     s, h, d, layers = cfg.cache_slots, cfg.n_heads, cfg.head_dim, cfg.n_layers
     assert c["ring_bytes"] == 2 * layers * s * h * (d + 4) + s * 3 * 8, c
-    assert c["read_image_bytes"] == 0 and c["whole_window_bytes"] == 0, c
+    assert c["read_image_bytes"] == 0 and c["whole_window_bytes"] == 0 and c["undo_log_bytes"] == 0, c
+    gen.generate_chunk(np.zeros(cfg.chunk_sample_range(0)[1], dtype=np.float32), cfg.audio_sample_rate)
+    gen.generate_chunk(np.zeros(cfg.chunk_sample_range(1)[1] - cfg.chunk_sample_range(1)[0], dtype=np.float32),
+                       cfg.audio_sample_rate)
+    entry = gen.cache.rewind_chunks * 2 * layers * cfg.tokens_per_chunk * h * (d + 4)  # K, V codes and scales
+    assert cache_bytes(gen.cache)["undo_log_bytes"] == entry, "the undo log's chunk entries, once allocated"
     gen.cache.enable_read_image(torch.bfloat16)
     assert cache_bytes(gen.cache)["read_image_bytes"] == 2 * layers * s * h * d * 2, "a separate bf16 image"
     bf16_ring = ChunkGenerator(cfg, mode="optimized", seed=0, model=model,
@@ -172,7 +178,7 @@ def test_memory_report_arithmetic(monkeypatch):
     w, c = engine_weight_bytes(model), cache_bytes(cache)
     assert r["measured_deltas"] == {"fp8_weights": 15, "ring_cache": 5, "kept_by_chunk0": 2}, r["measured_deltas"]
     assert r["activations_peak_bytes"] == 20 and r["graphs_reserved_bytes"] == 10 and r["graphs_allocated_bytes"] == 3
-    assert r["served_estimate_bytes"] == 3 + w + c["ring_bytes"] + 20 + 10
+    assert r["served_estimate_bytes"] == 3 + w + c["ring_bytes"] + c["undo_log_bytes"] + 20 + 10
     assert r["headroom_bytes"] == {k: v - r["served_estimate_bytes"] for k, v in CARDS.items()}
     assert r["process_peak_allocated_bytes"] == 90 and r["process_peak_reserved_bytes"] == 110
 
