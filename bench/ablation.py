@@ -5,8 +5,8 @@ Rows (one engine each, built, timed and freed before the next; the FP8 rows shar
 rank's bf16 weights, the bf16-GEMM row and the baseline run those bf16 weights themselves):
   baseline        the eager float parts with the baseline cache (per-call whole-cache work): the original step
                   and the numerics reference
-  optimized       the served engine (EngineOptions.served: FP8 GEMMs, fused kernels, the ring, read-image
-                  attention with split-KV, CUDA graphs)
+  optimized       the served engine (EngineOptions.served: FP8 GEMMs, fused kernels, the ring — bf16 on CUDA,
+                  or `--ring` — read by image attention with split-KV, CUDA graphs)
   whole_window    cache_policy = whole_window: the window kept un-rotated, re-rotated and re-quantized on every
                   attention call (compiled)
   bf16_gemm       gemm = bf16: bf16 GEMMs, the norm/modulation and SwiGLU compiled with bf16 output
@@ -182,6 +182,8 @@ def command(args) -> str:
     parts = ["vivant", "bench", "step", "--ablation", "--preset", args.preset, "--tp", str(args.tp), "--rank",
              str(args.rank), "--device", args.device, "--chunks", str(args.chunks), "--warmup", str(args.warmup),
              "--attn-kv-splits", str(args.attn_kv_splits), "--init", args.init, "--seed", str(args.seed)]
+    if getattr(args, "ring", None):
+        parts += ["--ring", args.ring]
     return shlex.join(parts)
 
 
@@ -216,6 +218,8 @@ def run(args) -> int:
     if splits == "auto":
         splits = auto_kv_splits(cfg.tokens_per_chunk, cfg.shard_heads(args.tp), cfg.cache_slots, sms)
     optimized = EngineOptions.served(device).replace(kv_splits=splits)
+    if getattr(args, "ring", None):  # --ring: the ring format of every row (default: the served engine's)
+        optimized = optimized.replace(ring=args.ring)
     result: dict = {
         "bench": "step_ablation", "preset": cfg.name, "tp": args.tp, "rank": args.rank, "gpus": 1 if cuda else 0,
         "machine": machine(device), "date": time.strftime("%Y-%m-%d"), "chunks": args.chunks, "warmup": args.warmup,

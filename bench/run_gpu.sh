@@ -38,7 +38,7 @@ step tp4 "bench step 57b tp4 rank0" python3 -m vivant bench step --preset 57b --
 # each engine choice against its absence, one process, same weights (bench/ablation.py; docs/BENCHMARKS.md's head)
 step ablation "bench step --ablation 57b tp4 rank0: one choice undone per row" python3 -m vivant bench step --ablation \
     --preset 57b --tp 4 --rank 0 --device cuda --chunks ${ABLATION_CHUNKS:-20} --warmup ${ABLATION_WARMUP:-8} \
-    --out "$OUT/ablation_57b_tp4_rank0.json"
+    ${ABLATION_ARGS:-} --out "$OUT/ablation_57b_tp4_rank0${ABLATION_TAG:-}.json"
 step tp1 "bench step 57b tp1" python3 -m vivant bench step --preset 57b --tp 1 --device cuda --mode optimized \
     --chunks 20 --warmup 3 --out "$OUT/step_57b_tp1.json"
 step floor "amplification floor of the random 57b shard" python3 bench/gpu_floor.py --chunks 40 --out "$OUT/floor_57b_tp4_rank0.json"

@@ -218,3 +218,15 @@ def test_a_failing_row_is_reported_and_a_compiled_row_retries_without_graphs(mon
     for name in ("baseline", "optimized", "bf16_gemm", "no_cuda_graphs", "no_split_kv"):
         assert "error" not in rows[name] and math.isfinite(rows[name]["ms"]), rows[name]
 
+
+
+def test_ring_argument_sets_every_rows_ring(tmp_path):
+    out = tmp_path / "r.json"
+    parser = argparse.ArgumentParser()
+    step.add_arguments(parser)
+    args = parser.parse_args(["--preset", "tiny", "--device", "cpu", "--ablation", "--chunks", "1", "--warmup", "0",
+                              "--ring", "fp8", "--out", str(out), "--json"])
+    assert step.run(args) == 0
+    d = json.loads(out.read_text())
+    assert d["ring"] == "fp8" and d["command"].endswith("--ring fp8")
+    assert {r["options"]["ring"] for r in d["rows"] if r["options"]} == {"fp8"}
