@@ -35,7 +35,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from vivant.worker.model.config import ModelConfig
-from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.engine import build_generator
+from vivant.worker.model.options import EngineName
 from vivant.worker.model.ref_model import ref_paths, ref_weights_present
 from vivant.worker.stream.pipeline import StreamPipeline
 from vivant.worker.stream.playout import percentiles
@@ -176,7 +177,10 @@ def build(args) -> tuple[ModelConfig, object, object, str]:
     cfg = ModelConfig.from_name(preset)
     dit_w, vae_w = ref_paths(args.weights) if preset == "ref" else (None, None)
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    gen = ChunkGenerator(cfg, device=args.device, dtype=dtype, seed=args.seed, weights=dit_w)
+    # the engine a worker serves with (on CUDA: the FP8 parts, the bf16 ring, CUDA graphs), warmed as a worker
+    # warms it before it says idle, so no turn pays for graph capture
+    gen = build_generator(cfg, device=args.device, seed=args.seed, weights=dit_w, engine=EngineName.AUTO)
+    gen.warm_up()
     vae_cfg = VAEConfig.for_model(cfg)
     vae = (load_vae_decoder(vae_cfg, vae_w, device=args.device, dtype=dtype) if vae_w
            else build_vae_decoder(vae_cfg, device=args.device, dtype=dtype, seed=args.seed))

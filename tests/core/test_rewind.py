@@ -177,3 +177,32 @@ def test_a_second_position_reset_within_the_log_is_refused():
     cache.shift_positions(9, window)
     with pytest.raises(RuntimeError, match="position reset at chunk 0 while the reset at chunk 0 is still within"):
         cache.shift_positions(9, window)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("silent_until, to_chunk", [(6, 3), (14, 11)], ids=["window", "across-a-reset"])
+def test_rewind_on_the_served_gpu_engine(silent_until, to_chunk):
+    """The engine a worker serves with on CUDA (FP8 GEMMs, the bf16 ring, CUDA graphs replayed from the warm-up):
+    restoring the ring with copy_ into the captured addresses makes the rewound session bit-identical to one that
+    had the speech at `to_chunk`, across a position reset too."""
+    import copy
+
+    from vivant.worker.model.engine import build_generator
+
+    base = init_random_(VideoDiT(CFG), seed=5)
+    a, b = (build_generator(CFG, device="cuda", seed=3, engine="fast", model=copy.deepcopy(base)) for _ in range(2))
+    for g in (a, b):
+        assert g.engine.options.cuda_graphs and g.engine.options.ring == "bf16", g.engine.options
+        g.warm_up()
+        g.reset_session(3)
+    _run(a, range(silent_until), _silence)
+    a.rewind(to_chunk)
+    _run(b, range(to_chunk), _silence)
+    _assert_same_state(a, b)
+    replays = a.engine.graph_replays
+    got = _run(a, range(to_chunk, silent_until + 2), _speech)
+    want = _run(b, range(to_chunk, silent_until + 2), _speech)
+    assert a.engine.graph_replays > replays, "the rewound chunks did not replay the captured graphs"
+    for n, (x, y) in enumerate(zip(got, want, strict=True), start=to_chunk):
+        assert torch.equal(x, y), f"chunk {n} after the rewind differs by {float((x - y).abs().max()):.3e}"
