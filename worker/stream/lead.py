@@ -12,7 +12,7 @@ The first `warmup_chunks` measurements of each kind are not used (one-time alloc
 warm worker pays before it takes a session). Until `min_samples` chunks of both kinds are measured after those it
 keeps `initial_chunks`. The same estimate gives the
 rewind's `min_lead_s` (chunks due sooner than that are kept at a rewind: the rewound chunk must be ready before
-its slot), at least one frame period. Pure logic: it is fed seconds and never reads a clock. Design: see
+its slot, with the margin), at least one frame period. Pure logic: it is fed seconds and never reads a clock. Design: see
 docs/ARCHITECTURE.md (Turns: rewind and lead).
 """
 
@@ -123,9 +123,11 @@ class LeadController:
         return self.lead
 
     def min_lead_s(self) -> float:
-        """Keep-horizon for a rewind (s): chunks due within it stay; the measured p99 of diffuse + decode (the
-        configured lead's span before it is measured), at least one frame period."""
+        """Keep-horizon for a rewind (s): chunks due within it stay; the measured p99 of diffuse + decode plus the
+        margin (the configured lead's span before it is measured), at least one frame period. Without the margin
+        the rewound chunk is ready just at its slot, and any jitter (the hand-over to the decoder and the pacer)
+        makes it late."""
         work = self.work_p99_s()
         if work is None:
-            work = self.config.initial_chunks * self.config.chunk_period_s
-        return max(self.config.frame_period_s, work)
+            return max(self.config.frame_period_s, self.config.initial_chunks * self.config.chunk_period_s)
+        return max(self.config.frame_period_s, work + self.config.margin_s)
