@@ -159,7 +159,11 @@ The GPU runs are made with `bash bench/run_gpu.sh $OUT` on the GPU machine: it a
 from symlinks (nothing installs there), installs the wheels carried in `.whl/` (redis, pydantic, av at
 requirements/worker.txt's pins) and unpacks a Debian `redis-server` carried in `.deb/`, then runs the steps
 `STEPS` names. The GPU tests (`pytest -m gpu tests/kernels tests/stream/test_decode_gpu.py tests/core/test_warm_up.py`)
-passed: 50 of 50 on 2026-12-01, and 51 of 51 (with the warm-up test) twice on 2026-12-02.
+passed: 50 of 50 on 2026-12-01, and 51 of 51 (with the warm-up test) twice on 2026-12-02. Later on 2026-12-02, with
+the bf16 ring: 52 of 52 (the bf16-ring kernel test added); then with the ablation's and the rewind's GPU tests
+(`tests/core/test_ablation_parts_gpu.py`, `tests/core/test_rewind.py`) 60 of 61 — the memory-report test expected a
+separate read image, which the bf16 ring no longer has; fixed, it passed alone on the next lease
+(`bench/results/gpu_run_log_2026-12-02_*.txt`).
 
 {ablation_head}
 ## The unified engine and the served runtime (2026-12-01/02)
