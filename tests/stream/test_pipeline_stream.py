@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from collecting_sink import CollectingSink
 from prometheus_client import CollectorRegistry
 from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.generator import ChunkGenerator
@@ -22,18 +23,6 @@ CFG = ModelConfig.from_name("tiny")
 SR = CFG.audio_sample_rate
 CHUNKS = 18
 LOOP_VAE = VAEConfig(name="loop-test", latent_h=CFG.latent_h, latent_w=CFG.latent_w, widths=(16, 8, 8))
-
-
-class CollectingSink:
-    def __init__(self) -> None:
-        self.frames = []
-        self.closed = False
-
-    def write(self, frame) -> None:
-        self.frames.append(frame)
-
-    def close(self) -> None:
-        self.closed = True
 
 
 def speech(seconds: float) -> np.ndarray:

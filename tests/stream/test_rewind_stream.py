@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from collecting_sink import CollectingSink
 from vivant.worker.model.config import ModelConfig
 from vivant.worker.stream.audio_in import AudioInput
 from vivant.worker.stream.decoder_stage import DecoderStage, LatentChunk
@@ -228,21 +229,8 @@ def test_drop_unstarted_before_playout_started_drops_everything():
 
 
 # ---- playout ----------------------------------------------------------------------------------------------------
-class MemorySink:
-    """Keeps the published frames (a test sink: the test compares the pixels)."""
-
-    def __init__(self) -> None:
-        self.frames = []
-
-    def write(self, frame) -> None:
-        self.frames.append(frame)
-
-    def close(self) -> None:
-        pass
-
-
 def test_playout_rewind_replays_from_the_first_unshown_chunk(vae):
-    sink = MemorySink()
+    sink = CollectingSink()
     playout = Playout(CFG, vae, [sink], decoder_queue_chunks=8, max_lead_chunks=6).start()
     for n in range(6):
         playout.submit(chunk(n, seed=0))
@@ -257,7 +245,7 @@ def test_playout_rewind_replays_from_the_first_unshown_chunk(vae):
     shown = [f for f in sink.frames if not f.repeated]
     assert [f.content_index for f in shown] == list(range(8 * FPC)), "every content frame once, in order"
 
-    ref = MemorySink()
+    ref = CollectingSink()
     ref_playout = Playout(CFG, vae, [ref], decoder_queue_chunks=8, max_lead_chunks=8).start()
     for n in range(8):
         ref_playout.submit(chunk(n, seed=0 if n < r else 1))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from collecting_sink import CollectingSink
 from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.generator import ChunkGenerator
 from vivant.worker.stream.lead import LeadConfig
@@ -24,17 +25,6 @@ SR = CFG.audio_sample_rate
 LOOP_VAE = VAEConfig(name="loop-test", latent_h=CFG.latent_h, latent_w=CFG.latent_w, widths=(16, 8, 8))
 FIXED_LEAD = LeadConfig.for_model(CFG, initial_chunks=4, min_chunks=4, max_chunks=4)
 CHUNKS = 34
-
-
-class CollectingSink:
-    def __init__(self) -> None:
-        self.frames = []
-
-    def write(self, frame) -> None:
-        self.frames.append(frame)
-
-    def close(self) -> None:
-        pass
 
 
 def speech(seconds: float, f0: float = 180.0) -> np.ndarray:
