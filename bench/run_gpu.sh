@@ -32,7 +32,7 @@ step tune "kernel sweeps, step variants, numerics probes" python3 bench/gpu_tune
     --parts ${TUNE_PARTS:-kernels,step,numerics}
 step smoke "smoke: tiny on cuda, the served engine (FP8 parts, CUDA graphs) vs the float parts" python3 bench/gpu_smoke.py
 step tests "gpu tests" python3 -m pytest -q -m gpu tests/kernels tests/stream/test_decode_gpu.py tests/core/test_warm_up.py \
-    tests/core/test_ablation_parts_gpu.py ${GPU_TESTS:-} -p no:cacheprovider
+    tests/core/test_ablation_parts_gpu.py tests/core/test_rewind.py tests/quality/test_eval_quality_gpu.py ${GPU_TESTS:-} -p no:cacheprovider
 step tp4 "bench step 57b tp4 rank0" python3 -m vivant bench step --preset 57b --tp 4 --rank 0 --device ${SESSION_DEVICE:-cuda} \
     --chunks 20 --warmup 8 --numerics-chunks ${NUMERICS_CHUNKS:-104} ${STEP_ARGS:-} --out "$OUT/step_57b_tp4_rank0${STEP_TAG:-}.json"
 # the turn latency on the served engine (bench/turn.py): ref as it is, and with each chunk padded to the 57b step
