@@ -228,6 +228,77 @@ def test_drop_unstarted_before_playout_started_drops_everything():
     pacer.push(decoded(cfg, 0, mark=7))
 
 
+# The lead-1 steady state at the 57b step time (diffuse 110 ms + decode ~7 ms per 166.7 ms chunk): chunk 1 plays
+# from 4/24 s; chunk 2 was taken then and is submitted at 4/24 + 0.110 s, still in the decoder when a turn's rewind
+# comes 5 ms later (the loop's lead wait polls every 5 ms). Chunk 2 is due at 8/24 s, within the keep-horizon
+# (p99 diffuse + decode + margin = 0.138 s); made again it would be ready only at rewind + 0.117 s.
+STEP_S, DECODE_S, HORIZON_S = 0.110, 0.007, 0.138
+
+
+def lead_one_pacer() -> tuple[Pacer, FakeClock, PacerConfig, float]:
+    """Chunks 0, 1 pushed, playout at slot 4 (chunk 1 started), the clock at the rewind: chunk 2 is upstream."""
+    cfg = PacerConfig(fps=FPS, frames_per_chunk=FPC, buffer_chunks=3, start_chunks=2)
+    clock = FakeClock()
+    pacer = Pacer(cfg, clock)
+    for n in range(2):
+        pacer.push(decoded(cfg, n))
+    assert len(pacer.poll()) == 1  # t0 = 0
+    clock.set(4 / FPS)
+    assert len(pacer.poll()) == 4  # slots 1..4: the rest of chunk 0, then chunk 1's first frame
+    rewind_at = 4 / FPS + STEP_S + 0.005
+    clock.set(rewind_at)
+    return pacer, clock, cfg, rewind_at
+
+
+def test_a_chunk_remade_at_a_rewind_when_due_sooner_than_its_remake_is_late():
+    """The cause of the late stalls at lead 1: judged by the buffer alone, the chunk still in the decoder is
+    dropped (r = 2) and made again, and its slot passes before it arrives."""
+    pacer, clock, cfg, rewind_at = lead_one_pacer()
+    assert pacer.drop_unstarted(rewind_at + HORIZON_S) == 2
+    clock.set(rewind_at + STEP_S + DECODE_S)  # chunk 2 made again
+    frames = pacer.poll()
+    pacer.push(decoded(cfg, 2, mark=50))
+    frames += pacer.poll()
+    assert [s.cause for s in pacer.stats().stalls] == ["late"]
+    assert sum(f.repeated for f in frames) == 2, "slots 8 and 9 (due 0.333 s, 0.375 s) pass before 0.394 s"
+
+
+def test_a_rewind_keeps_the_chunk_in_the_decoder_that_is_due_within_the_horizon():
+    pacer, clock, cfg, rewind_at = lead_one_pacer()
+    assert pacer.drop_unstarted(rewind_at + HORIZON_S, pending_until=3) == 3, "chunk 2 (due 8/24 s) is kept"
+    assert pacer.buffered_indices() == [1]
+    clock.set(rewind_at + 0.002)  # its decode ends
+    pacer.push(decoded(cfg, 2))
+    clock.set(rewind_at + STEP_S + DECODE_S)  # chunk 3, the turn's first, made from the rewind (due 12/24 s)
+    frames = pacer.poll()
+    pacer.push(decoded(cfg, 3, mark=50))
+    clock.set(13 / FPS)
+    frames += pacer.poll()
+    assert pacer.stats().stalls == [] and not any(f.repeated for f in frames)
+    assert [f.content_index for f in frames] == list(range(5, 14)), "slots 5..13: chunks 1, 2, 3 without a gap"
+
+
+def test_a_rewind_drops_the_chunks_in_the_decoder_that_are_due_after_the_horizon():
+    pacer, _, _, rewind_at = lead_one_pacer()
+    # chunk 2 due at 0.333 s, chunk 3 (also upstream) at 0.5 s; the horizon 0.40 s keeps 2 and drops 3
+    assert pacer.drop_unstarted(0.40, pending_until=4) == 3
+    pacer, _, _, rewind_at = lead_one_pacer()
+    assert pacer.drop_unstarted(rewind_at + 0.01, pending_until=3) == 2, "due after a short horizon: made again"
+    pacer, clock, _ = started_pacer()
+    clock.set(1 / FPS)
+    assert pacer.drop_unstarted(clock.now() + 5 / FPS, pending_until=5) == 2, \
+        "a buffered chunk dropped: everything upstream of it goes too"
+    pacer = Pacer(PacerConfig(fps=FPS, frames_per_chunk=FPC, buffer_chunks=3, start_chunks=2), FakeClock())
+    assert pacer.drop_unstarted(100.0, pending_until=2) == 0, "before playout starts nothing has a due time"
+
+
+def test_drop_unstarted_rejects_a_pending_bound_behind_the_pushed_chunks():
+    pacer, _, _, rewind_at = lead_one_pacer()
+    with pytest.raises(ValueError, match="pending_until = 1"):
+        pacer.drop_unstarted(rewind_at, pending_until=1)
+    assert pacer.buffered_indices() == [1], "nothing dropped by the bad call"
+
+
 # ---- playout ----------------------------------------------------------------------------------------------------
 def test_playout_rewind_replays_from_the_first_unshown_chunk(vae):
     sink = CollectingSink()
@@ -255,6 +326,79 @@ def test_playout_rewind_replays_from_the_first_unshown_chunk(vae):
         assert np.array_equal(a.rgb, b.rgb), f"frame {a.content_index} differs from the session without the drop"
     with pytest.raises(ValueError, match="min_lead_s"):
         playout.rewind(-1.0)
+
+
+class SteppedClock:
+    """A clock the test moves (`set`); `sleep_until` blocks the playout thread until the test has moved it that far.
+    Why not FakeClock: FakeClock's `sleep_until` jumps the time forward, so the playout thread would run the timeline
+    on its own; here the test must hold time still while a chunk sits in the decoder."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.t = 0.0
+
+    def now(self) -> float:
+        with self._cond:
+            return self.t
+
+    def set(self, t: float) -> None:
+        with self._cond:
+            self.t = max(self.t, t)
+            self._cond.notify_all()
+
+    def sleep_until(self, t: float) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self.t >= t, timeout=5.0)
+
+
+def test_playout_rewind_keeps_the_chunk_being_decoded_when_it_is_due_within_the_horizon(vae, monkeypatch):
+    """The lead-1 race of `lead_one_pacer` through the real decoder stage: chunk 2 is being decoded when the rewind
+    comes; it is due within the horizon, so the rewind keeps it (r = 3) and the stream plays on without a stall."""
+    clock = SteppedClock()
+    decoding, release = threading.Event(), threading.Event()
+    calls = []
+    plain = vae.decode_chunk
+
+    def gated(latents, cache):  # the third decode (chunk 2) waits for the test
+        calls.append(1)
+        if len(calls) == 3:
+            decoding.set()
+            assert release.wait(30)
+        return plain(latents, cache)
+
+    monkeypatch.setattr(vae, "decode_chunk", gated)
+    sink = CollectingSink()
+    playout = Playout(CFG, vae, [sink], clock=clock, max_lead_chunks=1).start()
+    try:
+        for n in range(2):
+            playout.submit(chunk(n, seed=0))
+        deadline = time.monotonic() + 30
+        while playout.pacer.t0 is None:  # the playout thread's first poll sets t0 = 0 (the clock holds still)
+            assert time.monotonic() < deadline, "playout never started"
+            time.sleep(0.005)
+        assert playout.pacer.t0 == 0.0
+        clock.set(4 / FPS)
+        assert playout.pacer.wait_until_started(2, 30), "chunk 1 on screen"
+        playout.submit(chunk(2, seed=0))
+        assert decoding.wait(30), "chunk 2 is in the decoder"
+        rewind_at = 4 / FPS + STEP_S + 0.005
+        clock.set(rewind_at)
+        r = playout.rewind(HORIZON_S)
+        assert r == 3 and playout.rewinds[-1].dropped == [], "chunk 2 (due 8/24 s) is kept, nothing is made again"
+    finally:
+        release.set()
+    playout.submit(chunk(3, seed=1))
+    deadline = time.monotonic() + 30
+    while 3 not in playout.pacer.buffered_indices():
+        assert time.monotonic() < deadline, "chunk 3 never reached the pacer"
+        time.sleep(0.005)
+    clock.set((4 * FPC - 1) / FPS)  # the last frame's slot; the clock stops there, so no slot falls due after it
+    while len(sink.frames) < 4 * FPC:
+        assert time.monotonic() < deadline, f"{len(sink.frames)} frames published; expected {4 * FPC}"
+        time.sleep(0.005)
+    playout.finish()
+    assert playout.pacer.stats().stalls == []
+    assert [f.content_index for f in sink.frames] == list(range(4 * FPC)), "every frame once, in order, no repeat"
 
 
 def test_a_turn_starts_next_only_after_silence_or_an_interrupt():

@@ -18,7 +18,8 @@ needs one frame every 41.67 ms. The pacer sits between them:
   of cause "interrupt" (a late generator's stall has cause "late").
 * rewind: `drop_unstarted(keep_until_s)` drops every buffered chunk not begun and due after `keep_until_s`, so a
   speech turn's chunks can be generated again in their place (docs/ARCHITECTURE.md, "Rewind at a turn start"); a
-  chunk with at least one frame published is shown and plays to its end (the half-shown rule).
+  chunk with at least one frame published is shown and plays to its end (the half-shown rule); chunks still upstream
+  (`pending_until`) are judged by the slots they will get, and one due within `keep_until_s` is kept.
 * audio: each slot carries its share of the chunk's PCM (slot k ends at sample floor((k+1)*sr/fps));
   a repeated slot carries silence up to that boundary, so published audio and video never drift. The
   A/V offset of every generated frame (where its first audio sample lands minus its video timestamp)
@@ -277,10 +278,16 @@ class Pacer:
             self._cond.notify_all()
             return dropped
 
-    def drop_unstarted(self, keep_until_s: float, *, oldest: int = 0) -> int:
+    def drop_unstarted(self, keep_until_s: float, *, oldest: int = 0, pending_until: int | None = None) -> int:
         """Drop every buffered chunk whose first frame has not been published and is due later than `keep_until_s`
         (clock seconds), and every later one; returns r, the index of the first chunk dropped or not yet pushed —
         the rewind point: the next chunk pushed after the producer rewound is r.
+
+        `pending_until`: chunks [next to push, pending_until) are upstream (being decoded) and will be pushed in
+        order. When no buffered chunk is dropped, each of them is judged by its due time too (the slot its first
+        frame gets if playout does not stall): one due within `keep_until_s` is kept (r moves past it), for it
+        cannot be made again before its slot. Without this a chunk still in the decoder at a rewind was always
+        made again, and was late whenever it was due sooner than one diffuse + decode.
 
         The half-shown rule: a chunk with ≥ 1 frame published is shown and plays to its end (it is kept, whatever
         its remaining frames' due times). Before playout has started (no t0) nothing is shown and no due time is
@@ -288,6 +295,9 @@ class Pacer:
         below `oldest` are always kept (the producer cannot rewind further than its undo logs hold)."""
         c = self.config
         with self._cond:
+            if pending_until is not None and pending_until < self._next_chunk:
+                raise ValueError(f"drop_unstarted pending_until = {pending_until}; expected ≥ {self._next_chunk} (the "
+                                 f"next chunk to push: the chunks upstream come after those pushed)")
             keep: deque[DecodedChunk] = deque()
             r = max(self._next_chunk, oldest)  # nothing buffered is dropped: the first chunk not pushed (or oldest)
             for i, chunk in enumerate(self._chunks):
@@ -299,6 +309,14 @@ class Pacer:
                     continue
                 r = chunk.index
                 break
+            else:  # nothing buffered dropped: the chunks upstream, in order, until one is due after the horizon
+                if self.t0 is not None and pending_until is not None:
+                    ahead = len(self._chunks) * c.frames_per_chunk - self._frame_in_chunk  # frames before them
+                    for index in range(self._next_chunk, pending_until):
+                        due = self.t0 + (self._slot + ahead + (index - self._next_chunk) * c.frames_per_chunk) / c.fps
+                        if index >= oldest and due > keep_until_s:
+                            break
+                        r = max(r, index + 1)
             self._chunks = keep
             self._next_chunk = min(self._next_chunk, r)
             self._discard_below = min(self._discard_below, r)

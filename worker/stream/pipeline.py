@@ -10,7 +10,7 @@ decoder rank, fed from the DiT ranks (vivant.worker.serving).
 
 Rewind at a turn start: the chunks generated ahead of playout were made from silence (a listening face), and new
 speech would wait behind all of them. So before taking a chunk whose audio holds a turn's first sample, the loop
-drops every chunk not begun and not due within `min_lead_s` (`Playout.rewind`, which also rewinds the decoder's
+drops every chunk not begun and not due within `min_lead_s` (buffered or still being decoded; `Playout.rewind`, which also rewinds the decoder's
 causal state and returns r, the first chunk to make again), rewinds the generator's ring and positions to the state
 after chunk r − 1 (`ChunkGenerator.rewind`) and the audio input to chunk r (the turn's speech goes to chunk r), and
 goes on from r: the speech's first chunk is conditioned on exactly what the viewer saw. `min_lead_s` is the
