@@ -383,7 +383,7 @@ def test_playout_rewind_keeps_the_chunk_being_decoded_when_it_is_due_within_the_
         assert decoding.wait(30), "chunk 2 is in the decoder"
         rewind_at = 4 / FPS + STEP_S + 0.005
         clock.set(rewind_at)
-        r = playout.rewind(HORIZON_S)
+        r = playout.rewind(HORIZON_S, keep_pending_due=True)
         assert r == 3 and playout.rewinds[-1].dropped == [], "chunk 2 (due 8/24 s) is kept, nothing is made again"
     finally:
         release.set()

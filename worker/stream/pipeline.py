@@ -106,7 +106,7 @@ class StreamPipeline:
             return
         n = self._next
         oldest = max(self.generator.cache.oldest_rewind(), self.audio_in.oldest_rewind())
-        r = self.playout.rewind(self.playout.lead.min_lead_s(), oldest=oldest)
+        r = self.playout.rewind(self.playout.lead.min_lead_s(), oldest=oldest, keep_pending_due=True)
         if not oldest <= r <= n:
             raise RuntimeError(f"Playout.rewind returned chunk {r}; expected {oldest} ≤ r ≤ {n} (the chunk about "
                                f"to be taken)")
