@@ -10,8 +10,8 @@ decoder rank, fed from the DiT ranks (vivant.worker.serving).
 
 Rewind at a turn start: the chunks generated ahead of playout were made from silence (a listening face), and new
 speech would wait behind all of them. So before taking a chunk whose audio holds a turn's first sample, the loop
-drops every chunk not begun and not due within `min_lead_s` (buffered or still being decoded; `Playout.rewind`, which also rewinds the decoder's
-causal state and returns r, the first chunk to make again), rewinds the generator's ring and positions to the state
+drops every chunk not begun and not due within `min_lead_s`, buffered or still being decoded (`Playout.rewind`,
+which also rewinds the decoder's causal state and returns r, the first chunk to make again), rewinds the generator's ring and positions to the state
 after chunk r − 1 (`ChunkGenerator.rewind`) and the audio input to chunk r (the turn's speech goes to chunk r), and
 goes on from r: the speech's first chunk is conditioned on exactly what the viewer saw. `min_lead_s` is the
 measured p99 of diffuse + decode (at least one frame), so chunk r is ready before its slot. Where a turn starts is
