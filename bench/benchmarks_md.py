@@ -586,7 +586,19 @@ the same script with `--no-rewind`: each turn's speech waits behind the chunks a
 
 | JSON | model | diffusion step | turns (rewound) | rewound ms | diffused ms | decoded ms | **share ms** | stalls | lead (chunks) | max \\|A/V\\| after rewinds, ms | fps |
 |---|---|---|---|---|---|---|---|---|---|---|---|
-{rows}"""
+{rows}
+
+Reading the H200 rows. With `ref` on the GPU the compute of a turn's first chunk is about 14 ms (rewound →
+decoded); the rest of the share is the wait for the chunk on screen to end (a chunk with a frame shown plays to
+its end: 83 ms on average) plus the keep horizon — so the 100 ms goal is not met (p50 129 ms), and a frame-granular
+splice into the chunk on screen would be the next step. At the 57b step time the share (p50 216, p99 330 ms) meets
+its goal, but 5 of the 6 stalls were "late" (the sixth is the gap an interruption leaves by design). Their cause
+was found afterwards, from the run's own counts (255 chunks diffused, 250 decoded: five chunks dropped inside the
+decoder stage at rewinds, one for each late stall): a rewind dropped a chunk still being decoded although it was due
+within the keep horizon, and its remake came too late. `StreamPipeline` now keeps such a chunk
+(`Playout.rewind(keep_pending_due=True)`, tests/stream/test_rewind_stream.py); that change is not yet measured on
+the GPU (the rows above predate it; expected: no late stall, the p50 share a little higher). The served decoder
+rank still drops every chunk in its decoder stage at a rewind."""
 
 
 print()
