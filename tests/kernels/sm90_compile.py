@@ -73,7 +73,12 @@ def main() -> int:
         split_kv._combine_quant_kernel, combine_types,
         {"SPLITS": 4, "BLOCK_H": 16, "D": 128, "OUT_DTYPE": triton.language.bfloat16, "HW_CAST": True, "PDL": True})
     report["pdl qkv_ring"] = pdl_report(qkv_ring._qkv_ring_kernel, ring_types,
-                                        {"D": 128, "BLOCK_H": 16, "IMAGE": True, "HW_CAST": True, "PDL": True})
+                                        {"D": 128, "BLOCK_H": 16, "IMAGE": True, "HW_CAST": True, "PDL": True,
+                                         "FP8": True})
+    bf16_ring = {**ring_types, "kc_ptr": "*bf16", "vc_ptr": "*bf16"}  # the served ring: its own image, no FP8
+    report["pdl qkv_ring bf16 ring"] = pdl_report(qkv_ring._qkv_ring_kernel, bf16_ring,
+                                                  {"D": 128, "BLOCK_H": 16, "IMAGE": False, "HW_CAST": True,
+                                                   "PDL": True, "FP8": False})
     for tokens, pos, cache, fp8 in (
         ("*bf16", "*i64", "*fp8e4nv", True),
         ("*fp32", "*i32", "*fp32", False),

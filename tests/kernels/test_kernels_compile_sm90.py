@@ -42,6 +42,7 @@ def test_every_variant_compiles(ptx_report):
             "pdl residual_ln_mod_quant",
             "pdl combine_quant",
             "pdl qkv_ring",
+            "pdl qkv_ring bf16 ring",
         ]
     ), f"variants compiled: {sorted(ptx_report)}"
 
@@ -60,7 +61,8 @@ def test_bf16_cache_path_converts_with_round_to_nearest(ptx_report):
     assert any(k.startswith("cvt.rn.bf16") for k in ops), f"no cvt.rn.bf16.* in the PTX; instructions: {ops}"
 
 
-@pytest.mark.parametrize("variant", ["pdl residual_ln_mod_quant", "pdl combine_quant", "pdl qkv_ring"])
+@pytest.mark.parametrize("variant", ["pdl residual_ln_mod_quant", "pdl combine_quant", "pdl qkv_ring",
+                                     "pdl qkv_ring bf16 ring"])
 def test_pdl_kernels_wait_before_their_first_global_access(ptx_report, variant):
     """With programmatic dependent launch the programs may start while the previous kernel still writes their
     inputs (or reads what they overwrite): `griddepcontrol.wait` must come before every global load and store."""
