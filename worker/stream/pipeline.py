@@ -14,7 +14,7 @@ drops every chunk not begun and not due within `min_lead_s`, buffered or still b
 which also rewinds the decoder's causal state and returns r, the first chunk to make again), rewinds the generator's ring and positions to the state
 after chunk r − 1 (`ChunkGenerator.rewind`) and the audio input to chunk r (the turn's speech goes to chunk r), and
 goes on from r: the speech's first chunk is conditioned on exactly what the viewer saw. `min_lead_s` is the
-measured p99 of diffuse + decode (at least one frame), so chunk r is ready before its slot. Where a turn starts is
+measured p99 of diffuse + decode plus the lead's margin (at least one frame), so chunk r is ready before its slot. Where a turn starts is
 `AudioInput.turn_starts_next` (the same rule as the served runtime's: a turn queued right behind speech still
 playing continues it, no rewind; after `clear_buffer` the next turn rewinds). r is never below what the
 generator's and the audio input's undo logs hold. See docs/ARCHITECTURE.md (Turns: rewind and lead).
