@@ -6,11 +6,11 @@ The compiled forms (GPU) are checked here for being traceable as one graph; thei
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import vivant.worker.model.fast_parts as fast_parts
 import vivant.worker.model.kv_cache as kv_cache
+from engine_runs import chunk_audio, rel_rms, run_chunks
 from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.engine import Engine
 from vivant.worker.model.fast_parts import (
@@ -29,25 +29,11 @@ FP8 = EngineOptions(fp8=True)
 CHUNKS = 26  # crosses position resets at the tiny preset's t_limit
 
 
-def _audio(cfg, n):
-    a, b = cfg.chunk_sample_range(n)
-    return (0.3 * np.sin(np.arange(a, b) * 0.05 + n)).astype(np.float32)
-
-
-def _run(gen, cfg, chunks):
-    outs = [gen.generate_chunk(_audio(cfg, n), cfg.audio_sample_rate) for n in range(chunks)]
-    return [o.latents for o in outs], sum(o.reset for o in outs)
-
-
-def _rel(a, b):
-    return float((a - b).norm() / b.norm())
-
-
 @pytest.fixture(scope="module")
 def setup():
     cfg = ModelConfig.from_name("tiny")
     model = init_random_(VideoDiT(cfg), seed=4)
-    ref, _ = _run(ChunkGenerator(cfg, mode="baseline", model=model, seed=2, fp8=False), cfg, CHUNKS)
+    ref, _ = run_chunks(ChunkGenerator(cfg, mode="baseline", model=model, seed=2, fp8=False), cfg, CHUNKS)
     return cfg, model, ref
 
 
@@ -63,9 +49,9 @@ VARIANTS = {
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_each_choice_tracks_the_float_parts_across_resets(setup, name):
     cfg, model, ref = setup
-    got, resets = _run(ChunkGenerator(cfg, mode="optimized", engine=Engine.build(model, VARIANTS[name]), seed=2),
+    got, resets = run_chunks(ChunkGenerator(cfg, mode="optimized", engine=Engine.build(model, VARIANTS[name]), seed=2),
                        cfg, CHUNKS)
-    errs = [_rel(g, w) for g, w in zip(got, ref, strict=True)]
+    errs = [rel_rms(g, w) for g, w in zip(got, ref, strict=True)]
     assert resets >= 2, f"the run crossed {resets} position resets; the test needs at least 2"
     assert max(errs) < 0.02, f"{name} vs the float parts: relative RMS up to {max(errs):.3e} (per chunk {errs})"
     assert max(errs) > 1e-4, f"{name}: no FP8 error at all although the ring is FP8"
@@ -99,7 +85,7 @@ def test_whole_window_rederives_the_window_every_call_and_never_writes_the_ring(
     monkeypatch.setattr(kv_cache, "qkv_ring_write", lambda *a, **k: ring_writes.append(1) or real_ring(*a, **k))
     gen = ChunkGenerator(cfg, mode="optimized", engine=Engine.build(model, VARIANTS["whole_window"]), seed=2)
     for n in range(3):
-        gen.generate_chunk(_audio(cfg, n), cfg.audio_sample_rate)
+        gen.generate_chunk(chunk_audio(cfg, n), cfg.audio_sample_rate)
         if n == 0:
             win = gen.cache.window
             real = win.requantize
@@ -116,7 +102,7 @@ def test_whole_window_positions_follow_resets_and_clear(setup):
     key re-rotated per call lands where the ring's delta-rotated key is (the numerics test checks the values)."""
     cfg, model, _ = setup
     gen = ChunkGenerator(cfg, mode="optimized", engine=Engine.build(model, VARIANTS["whole_window"]), seed=2)
-    _, resets = _run(gen, cfg, cfg.t_limit + 2)
+    _, resets = run_chunks(gen, cfg, cfg.t_limit + 2)
     assert resets >= 1
     c = gen.cache
     last = c.layout.chunk_slots(gen.chunk - 1)
@@ -214,13 +200,13 @@ def test_split_kv_under_each_choice(setup, monkeypatch, name, split_fn):
 
     def run(options):
         gen = ChunkGenerator(cfg, mode="optimized", engine=Engine.build(bf, options), seed=2, dtype=torch.bfloat16)
-        return _run(gen, cfg, 12)[0]
+        return run_chunks(gen, cfg, 12)[0]
 
     one = run(image)
     assert not calls, "one KV part should not take the split path"
     split = run(image.replace(kv_splits=7))
     assert calls, f"{name}: the split-KV path never ran although every slot became valid"
-    errs = [_rel(a, b) for a, b in zip(split, one, strict=True)]
+    errs = [rel_rms(a, b) for a, b in zip(split, one, strict=True)]
     assert max(errs) < 1e-2, f"{name}: 7 KV parts vs one call, relative RMS up to {max(errs):.3e}"
 
 
@@ -234,13 +220,13 @@ def test_whole_window_beside_a_bf16_ring_rotates_without_quantizing(setup):
 
     def run(options):
         gen = ChunkGenerator(cfg, mode="optimized", engine=Engine.build(bf, options), seed=2, dtype=torch.bfloat16)
-        lat, resets = _run(gen, cfg, cfg.t_limit + 2)
+        lat, resets = run_chunks(gen, cfg, cfg.t_limit + 2)
         return gen, lat, resets
 
     g_ww, got, resets = run(ring.replace(cache_policy="whole_window"))
     _, want, _ = run(ring)
     assert resets >= 1
-    errs = [_rel(a, b) for a, b in zip(got, want, strict=True)]
+    errs = [rel_rms(a, b) for a, b in zip(got, want, strict=True)]
     assert max(errs) < 1e-2, f"whole window vs the bf16 ring: relative RMS up to {max(errs):.3e} ({errs})"
     win = g_ww.cache.window
     assert win.quantize is False and win.requantize is rotate_window_eager
@@ -255,6 +241,6 @@ def test_rewind_is_refused_under_the_whole_window(setup):
     served policy) keeps none, so a rewind is refused by name rather than leaving the window inconsistent."""
     cfg, model, _ = setup
     gen = ChunkGenerator(cfg, mode="optimized", engine=Engine.build(model, VARIANTS["whole_window"]), seed=2)
-    _run(gen, cfg, 3)
+    run_chunks(gen, cfg, 3)
     with pytest.raises(ValueError, match="whole-window policy .* keeps no undo log"):
         gen.cache.rewind(gen.cache.next_chunk - 1)

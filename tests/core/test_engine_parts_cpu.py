@@ -8,11 +8,11 @@ sink included. Graph capture needs CUDA and is exercised by bench/gpu_smoke.py a
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import vivant.worker.model.fast_parts as fast_parts
 import vivant.worker.model.kv_cache as kv_cache
+from engine_runs import chunk_audio, rel_rms, run_chunks
 from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.engine import Engine
 from vivant.worker.model.fast_parts import Fp8Linear, auto_kv_splits
@@ -23,17 +23,8 @@ from vivant.worker.model.options import AttentionBackend, EngineOptions
 FP8 = EngineOptions(fp8=True)
 
 
-def _audio(cfg, n):
-    a, b = cfg.chunk_sample_range(n)
-    return (0.3 * np.sin(np.arange(a, b) * 0.05 + n)).astype(np.float32)
-
-
-def _run(gen, cfg, chunks):
-    return [gen.generate_chunk(_audio(cfg, n), cfg.audio_sample_rate).latents for n in range(chunks)]
-
-
-def _rel(a, b):
-    return float((a - b).norm() / b.norm())
+def _latents(gen, cfg, chunks):
+    return run_chunks(gen, cfg, chunks)[0]
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +41,9 @@ def _gen(cfg, model, options=EngineOptions(), mode="optimized", **kw):
 def test_fp8_parts_track_the_float_parts_of_the_same_weights_across_resets(setup):
     cfg, model = setup
     fast = Engine.build(model, FP8)
-    got = _run(ChunkGenerator(cfg, mode="optimized", engine=fast, seed=2), cfg, 26)
-    want = _run(ChunkGenerator(cfg, mode="baseline", model=model, seed=2, fp8=False), cfg, 26)
-    errs = [_rel(g, w) for g, w in zip(got, want, strict=True)]
+    got = _latents(ChunkGenerator(cfg, mode="optimized", engine=fast, seed=2), cfg, 26)
+    want = _latents(ChunkGenerator(cfg, mode="baseline", model=model, seed=2, fp8=False), cfg, 26)
+    errs = [rel_rms(g, w) for g, w in zip(got, want, strict=True)]
     assert max(errs) < 0.02, f"FP8 parts vs float parts: relative RMS up to {max(errs):.3e} (per chunk {errs})"
     assert max(errs) > 1e-4, "no FP8 error at all: the FP8 parts are not quantizing"
     assert type(fast.model) is VideoDiT and fast.model is not model, "the FP8 engine should run a fork of the VideoDiT"
@@ -68,10 +59,10 @@ def test_both_parts_run_the_models_one_forward(setup, monkeypatch):
     calls = []
     real_denoise, real_head = VideoDiT.denoise, VideoDiT.head
     monkeypatch.setattr(VideoDiT, "denoise", lambda self, *a, **k: calls.append(self) or real_denoise(self, *a, **k))
-    before = {name: _run(_gen(cfg, model, opts), cfg, 2) for name, opts in (("float", EngineOptions()), ("fp8", FP8))}
+    before = {name: _latents(_gen(cfg, model, opts), cfg, 2) for name, opts in (("float", EngineOptions()), ("fp8", FP8))}
     assert len(calls) == 2 * 2 * cfg.passes, f"{len(calls)} denoise calls for 2 engines × 2 chunks × {cfg.passes} passes"
     monkeypatch.setattr(VideoDiT, "head", lambda self, x, final: real_head(self, x, final) + 0.5)
-    after = {name: _run(_gen(cfg, model, opts), cfg, 2) for name, opts in (("float", EngineOptions()), ("fp8", FP8))}
+    after = {name: _latents(_gen(cfg, model, opts), cfg, 2) for name, opts in (("float", EngineOptions()), ("fp8", FP8))}
     want = 0.5 * (0.0 - cfg.sigmas[0])  # Euler steps from sigma 1 to 0 with the velocity offset by +0.5
     for name in before:
         # chunk 0 alone: its passes attend only its own keys, which the head does not touch
@@ -90,7 +81,7 @@ def test_fp8_parts_write_the_ring_through_one_kernel_for_every_chunk(setup, monk
     gen = _gen(cfg, model, FP8)
     per_chunk = []
     for n in range(2):
-        gen.generate_chunk(_audio(cfg, n), cfg.audio_sample_rate)
+        gen.generate_chunk(chunk_audio(cfg, n), cfg.audio_sample_rate)
         per_chunk.append(list(fused))
         fused.clear()
     calls = cfg.n_layers * cfg.passes
@@ -105,20 +96,20 @@ def test_sink_written_by_the_fused_kernel_matches_the_float_parts(setup):
     cfg, model = setup
     fast, ref = _gen(cfg, model, FP8), _gen(cfg, model)
     for g in (fast, ref):
-        g.generate_chunk(_audio(cfg, 0), cfg.audio_sample_rate)
+        g.generate_chunk(chunk_audio(cfg, 0), cfg.audio_sample_rate)
     s = cfg.sink_tokens
     k = [(g.cache.k[:, :s].float() * g.cache.k_scale[:, :s, :, None]) for g in (fast, ref)]
     assert k[1].abs().sum() > 0, "the float parts left the sink empty"
-    err = _rel(k[0], k[1])
+    err = rel_rms(k[0], k[1])
     assert err < 0.05, f"sink keys of the FP8 parts vs the float parts: relative RMS {err:.3e}"
 
 
 def test_engine_cache_modes_agree(setup):
     """Same FP8 parts, ring cache vs the baseline's per-call whole-cache work: only the cache path differs."""
     cfg, model = setup
-    ring = _run(_gen(cfg, model, FP8), cfg, 26)
-    base = _run(_gen(cfg, model, FP8, mode="baseline"), cfg, 26)
-    errs = [_rel(g, w) for g, w in zip(ring, base, strict=True)]
+    ring = _latents(_gen(cfg, model, FP8), cfg, 26)
+    base = _latents(_gen(cfg, model, FP8, mode="baseline"), cfg, 26)
+    errs = [rel_rms(g, w) for g, w in zip(ring, base, strict=True)]
     assert max(errs) < 0.02, f"ring vs baseline cache under the FP8 parts: up to {max(errs):.3e}"
 
 
@@ -137,9 +128,9 @@ def test_image_backend_follows_the_ring_through_writes_resets_and_clear(setup):
     g_ring = _gen(cfg, model, FP8.replace(attention=AttentionBackend.SDPA))
     resets = 0
     for n in range(26):
-        a, b = (g.generate_chunk(_audio(cfg, n), cfg.audio_sample_rate) for g in (g_img, g_ring))
+        a, b = (g.generate_chunk(chunk_audio(cfg, n), cfg.audio_sample_rate) for g in (g_img, g_ring))
         resets += a.reset
-        err = _rel(a.latents, b.latents)
+        err = rel_rms(a.latents, b.latents)
         assert err == 0, f"chunk {n}: image backend vs whole-ring dequantization (sdpa) relative RMS {err:.3e}"
     assert resets >= 2, f"the run crossed {resets} position resets; the test needs at least 2"
     c = g_img.cache
@@ -164,7 +155,7 @@ def test_read_image_follows_ring_writes_by_the_float_parts():
     cfg = ModelConfig.from_name("tiny")
     gen = ChunkGenerator(cfg, mode="optimized", model=init_random_(VideoDiT(cfg), seed=4), seed=2)
     gen.cache.enable_read_image(torch.bfloat16)
-    resets = sum(gen.generate_chunk(_audio(cfg, n), cfg.audio_sample_rate).reset for n in range(14))
+    resets = sum(gen.generate_chunk(chunk_audio(cfg, n), cfg.audio_sample_rate).reset for n in range(14))
     c = gen.cache
     assert resets >= 1, "the run needs a position reset"
     assert torch.equal(c.k_image, (c.k.float() * c.k_scale[..., None]).to(torch.bfloat16)), "key image is stale"
@@ -181,9 +172,9 @@ def test_split_kv_path_matches_the_single_call(setup, monkeypatch, splits, taken
     real = fast_parts.split_kv_attention_fp8
     monkeypatch.setattr(fast_parts, "split_kv_attention_fp8", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
     image = FP8.replace(attention=AttentionBackend.IMAGE)
-    got = _run(_gen(cfg, model, image.replace(kv_splits=splits)), cfg, 12)
-    want = _run(_gen(cfg, model, image), cfg, 12)
-    errs = [_rel(g, w) for g, w in zip(got, want, strict=True)]
+    got = _latents(_gen(cfg, model, image.replace(kv_splits=splits)), cfg, 12)
+    want = _latents(_gen(cfg, model, image), cfg, 12)
+    errs = [rel_rms(g, w) for g, w in zip(got, want, strict=True)]
     assert max(errs) < 1e-2, f"{splits} KV parts vs one call: relative RMS up to {max(errs):.3e} ({errs})"
     if taken:
         assert calls, "the split-KV path never ran although every slot became valid"
@@ -210,7 +201,7 @@ def test_fp8_parts_refuse_a_float_ring(setup):
     cfg, model = setup
     gen = _gen(cfg, model, FP8, fp8=False)
     with pytest.raises(ValueError, match="the FP8 parts with ring = .fp8. read a torch.float8_e4m3fn ring"):
-        gen.generate_chunk(_audio(cfg, 0), cfg.audio_sample_rate)
+        gen.generate_chunk(chunk_audio(cfg, 0), cfg.audio_sample_rate)
 
 
 def test_bf16_ring_is_its_own_image_and_tracks_the_float_parts_closer(setup):
@@ -220,12 +211,12 @@ def test_bf16_ring_is_its_own_image_and_tracks_the_float_parts_closer(setup):
     the trained model is measured on a GPU by bench/fp8_sensitivity.py.)"""
     cfg, model = setup
     img = FP8.replace(attention=AttentionBackend.IMAGE)
-    want = _run(ChunkGenerator(cfg, mode="baseline", model=model, seed=2, fp8=False), cfg, 26)
+    want = _latents(ChunkGenerator(cfg, mode="baseline", model=model, seed=2, fp8=False), cfg, 26)
     errs, runs = {}, {}
     for ring in ("fp8", "bf16"):
         gen = _gen(cfg, model, img.replace(ring=ring))
-        runs[ring] = _run(gen, cfg, 26)
-        errs[ring] = [_rel(g, w) for g, w in zip(runs[ring], want, strict=True)]
+        runs[ring] = _latents(gen, cfg, 26)
+        errs[ring] = [rel_rms(g, w) for g, w in zip(runs[ring], want, strict=True)]
         if ring == "bf16":
             c = gen.cache
             assert c.k.dtype == torch.bfloat16 and c.k_image is c.k and c.v_image is c.v, \
@@ -233,7 +224,7 @@ def test_bf16_ring_is_its_own_image_and_tracks_the_float_parts_closer(setup):
             assert bool((c.k_scale == 1).all()), "a bf16 ring's scales must all be 1"
     assert gen.frame.offset > 0, "the run must cross a position reset"
     assert max(errs["bf16"]) < 0.02, f"bf16 ring vs float parts: relative RMS up to {max(errs['bf16']):.3e}"
-    diff = max(_rel(a, b) for a, b in zip(runs["bf16"], runs["fp8"], strict=True))
+    diff = max(rel_rms(a, b) for a, b in zip(runs["bf16"], runs["fp8"], strict=True))
     assert diff > 1e-5, f"the bf16 ring gives the FP8 ring's latents ({diff:.1e}): the ring format was not applied"
 
 
