@@ -18,7 +18,10 @@ the FP8 parts without fast accumulation and with the ring's read image written u
 K and V rows instead of the bf16 of their FP8 codes: what attention would read from a bf16 ring; at a position
 reset the rotated keys are still re-derived from the FP8 ring), alone and combined; and the served option that
 makes this real, a bf16 ring (EngineOptions.ring = "bf16": the ring stores the rotated rows in bf16 and is itself
-the image attention reads). Also the weight rounding error
+the image attention reads). On the served ring, the activations of one GEMM kept unquantized (that GEMM in bf16 with the
+checkpoint's weights, the rest FP8): o (attention's output rows: the served option EngineOptions.o_gemm = bf16), down (the SwiGLU's output), and qkv + gate_up
+together (both take the fused LayerNorm-modulation's rows, one part per block) — which activation rounding moves the
+trained model, and so which GEMM a per-role bf16 fix would have to pay for. Also the weight rounding error
 alone per role: per output channel (served) against one scale per 32 input elements (a finer granularity).
 """
 
@@ -38,7 +41,7 @@ from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.engine import Engine
 from vivant.worker.model.generator import ChunkGenerator
 from vivant.worker.model.model import VideoDiT
-from vivant.worker.model.options import AttentionBackend, CacheMode, EngineOptions
+from vivant.worker.model.options import AttentionBackend, CacheMode, EngineOptions, RingFormat
 from vivant.worker.model.ref_model import ref_paths
 from vivant.worker.model.weights import load_weights
 from vivant.worker.quality.eval_cli import read_audio_at
@@ -57,6 +60,19 @@ class DequantizedRowsLinear(nn.Module):
 
     def forward(self, rows) -> torch.Tensor:  # noqa: ANN001 (fast_parts.Rows8)
         return ((rows.q.float() * rows.scale[:, None]) @ self.weight.t()).to(self.out_dtype)
+
+
+class UnquantizedRowsLinear(nn.Module):
+    """A float projection (the checkpoint's weights, in the model's dtype) fed the unquantized rows of an FP8
+    engine's part, cast to its dtype (on a CPU the attention's image rows are bf16 while the model is float32)."""
+
+    def __init__(self, linear: nn.Module) -> None:
+        super().__init__()
+        self.linear = linear
+        self.out_features, self.in_features = linear.out_features, linear.in_features
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.linear(h.to(self.linear.weight.dtype))
 
 
 class UnquantizedImage:
@@ -131,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weights", default=None, help="directory with ref_dit.safetensors (default weights/ref)")
     p.add_argument("--wav", default=None, help="speech (default weights/ref/data/held_out.wav)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--only", action="append", default=[],
+                   help="run only the variants whose name contains this text (repeatable; default: all)")
     p.add_argument("--out", required=True, help="the JSON result")
     args = p.parse_args(argv)
     if not args.seconds > 0:
@@ -161,6 +179,23 @@ def main(argv: list[str] | None = None) -> int:
                     setattr(getattr(m.blocks[i], part), role, DequantizedRowsLinear(w, fp8_dtype))
         return patch
 
+    def bf16_roles(which):  # noqa: ANN001, ANN202
+        """Patch: the GEMMs `which` names ("down", "qkv+gate_up") take unquantized rows (bf16 GEMMs); the O GEMM's
+        is the served option EngineOptions.o_gemm."""
+        from vivant.worker.model.model import ResidualNormMod, SwiGLUAct
+
+        def patch(m: VideoDiT) -> None:
+            for i, blk in enumerate(m.blocks):
+                src = base.blocks[i]
+                if which == "down":
+                    blk.mlp.act = SwiGLUAct()
+                    blk.mlp.down = UnquantizedRowsLinear(copy.deepcopy(src.mlp.down).to(device=dev, dtype=fp8_dtype))
+                else:
+                    blk.res_norm = ResidualNormMod(cfg.norm_eps)
+                    blk.attn.qkv = UnquantizedRowsLinear(copy.deepcopy(src.attn.qkv).to(device=dev, dtype=fp8_dtype))
+                    blk.mlp.gate_up = UnquantizedRowsLinear(copy.deepcopy(src.mlp.gate_up).to(device=dev, dtype=fp8_dtype))
+        return patch
+
     served = EngineOptions.served(dev)
     slow = served.replace(fast_accum=False)
     # (name, options, FP8 ring, model dtype, weight patch, exact image)
@@ -186,6 +221,17 @@ def main(argv: list[str] | None = None) -> int:
             variants += [("FP8 parts, image unquantized, no fast accumulation", slow, True, fp8_dtype, None, True),
                          ("FP8 parts, image unquantized, all weights float32, no fast accumulation", slow, True,
                           fp8_dtype, float_weights(ROLES), True)]
+    # the served ring (bf16 on CUDA; the CPU twins' FP8 ring), one GEMM's activations unquantized at a time
+    ring = "bf16 ring" if served.ring is RingFormat.BF16 else "FP8 ring"
+    fp8_ring = served.ring is RingFormat.FP8
+    variants += [(f"FP8 parts, {ring}, o activations unquantized (o_gemm = bf16)", served.replace(o_gemm="bf16"),
+                  fp8_ring, fp8_dtype, None, False)]
+    variants += [(f"FP8 parts, {ring}, {which} activations unquantized", served, fp8_ring, fp8_dtype,
+                  bf16_roles(which), False) for which in ("down", "qkv+gate_up")]
+    if args.only:
+        variants = [v for v in variants if any(text in v[0] for text in args.only)]
+        if not variants:
+            raise SystemExit(f"--only {args.only}: no variant's name contains it")
     rows = []
     for name, options, fp8_ring, dtype, patch, exact_image in variants:
         t0 = time.perf_counter()

@@ -39,7 +39,7 @@ from vivant.worker.model.engine import Engine
 from vivant.worker.model.fast_parts import auto_kv_splits
 from vivant.worker.model.generator import ChunkGenerator
 from vivant.worker.model.model import VideoDiT
-from vivant.worker.model.options import AttentionBackend, CacheMode, EngineOptions
+from vivant.worker.model.options import AttentionBackend, CacheMode, EngineOptions, GemmPrecision
 from vivant.worker.model.tp import apply_tensor_parallel, local_shapes
 
 
@@ -305,6 +305,29 @@ def time_chunks(gen: ChunkGenerator, cfg, warmup: int, chunks: int, hook=None):
     return times, lat
 
 
+def compare_o_gemm(cfg, model, options: EngineOptions, timed: ChunkGenerator, lat_timed, args, keep_bf16: bool) -> dict:
+    """The same step with the other O GEMM precision (EngineOptions.o_gemm), in this process on the same weights:
+    timed after the optimized engine, then the optimized engine timed again (A, B, A), so a drift of the card
+    shows. ms are medians over `args.chunks` chunks after `args.warmup`; the latents are compared with the timed
+    engine's (relative RMS per chunk, max)."""
+    if not keep_bf16:
+        return {"error": "needs the rank's bf16 projections (TP > 1 keeps them; TP = 1 quantizes in place)"}
+    other = GemmPrecision.BF16 if options.o_gemm is GemmPrecision.FP8 else GemmPrecision.FP8
+    alt = ChunkGenerator(cfg, mode=CacheMode.OPTIMIZED, device=timed.device, dtype=torch.bfloat16,
+                         engine=Engine.build(model, options.replace(o_gemm=other)), seed=args.seed)
+    t_alt, lat_alt = time_chunks(alt, cfg, args.warmup, args.chunks)
+    del alt
+    if timed.device.type == "cuda":
+        torch.cuda.empty_cache()
+    t_again, _ = time_chunks(timed, cfg, 0, args.chunks)  # warm already: graphs captured
+    errs = [float((a - b).norm() / b.norm()) for a, b in zip(lat_alt, lat_timed, strict=True)]
+    ms_alt, ms_again = float(np.median(t_alt)), float(np.median(t_again))
+    return {"o_gemm": other.value, "ms": ms_alt, "p99_ms": float(np.percentile(t_alt, 99)),
+            "per_chunk_ms": [round(t, 3) for t in t_alt], "optimized_again_ms": ms_again,
+            "optimized_again_per_chunk_ms": [round(t, 3) for t in t_again],
+            "max_rel_rms_vs_optimized": max(errs)}
+
+
 def numerics(cfg, model, args, timed: Engine) -> dict:
     """Optimized vs baseline over many chunks with position resets (t_limit lowered to force them).
 
@@ -386,8 +409,10 @@ def run(args) -> int:
     result["fast_accum"] = args.fast_accum
     options = EngineOptions(fp8=True, attention=args.attn_backend, kv_splits=splits, fast_accum=args.fast_accum,
                             cuda_graphs=not args.no_graphs,
-                            ring=getattr(args, "ring", None) or EngineOptions.served("cuda").ring)
+                            ring=getattr(args, "ring", None) or EngineOptions.served("cuda").ring,
+                            o_gemm=getattr(args, "o_gemm", None) or EngineOptions.served("cuda").o_gemm)
     result["ring"] = options.ring.value
+    result["o_gemm"] = options.o_gemm.value
     memory.mark("before_fp8_weights")
     fast = Engine.build(model, options, inplace=not keep_bf16)  # keep_bf16: the float model stays the baseline
     memory.mark("after_fp8_weights")
@@ -405,6 +430,8 @@ def run(args) -> int:
     result["graph_replays"] = fast.graph_replays
     if not args.no_graphs:  # where the GPU time goes, kernel by kernel (CUDA activity of two graph-replayed chunks)
         result["optimized_profile"] = profile_chunks(opt, cfg, args.warmup + args.chunks)
+    if getattr(args, "compare_o_gemm", False):
+        result["o_gemm_compare"] = compare_o_gemm(cfg, model, options, opt, lat_opt, args, keep_bf16)
     result["fp8_tflops"] = flops_chunk / result["optimized_ms"] / 1e9
     result["pct_fp8_ceiling"] = 100.0 * result["fp8_tflops"] / ceil["fp8_ceiling_tflops"]
     o = result["optimized_ms"]

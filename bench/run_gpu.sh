@@ -63,6 +63,6 @@ step native "FP8-native ref checkpoint, then the quality gate on it" bash -c "py
     > $OUT/quality_ref_fp8_native_cuda.json"
 # which FP8 rounding moves the trained model, with the served engine's own parts (bench/fp8_sensitivity.py)
 step sensitivity "fp8 sensitivity on ref, the served engine's parts" python3 bench/fp8_sensitivity.py --device cuda \
-    --seconds ${SENSITIVITY_SECONDS:-20} --out "$OUT/fp8_sensitivity_ref_cuda.json"
+    --seconds ${SENSITIVITY_SECONDS:-20} ${SENSITIVITY_ARGS:-} --out "$OUT/fp8_sensitivity_ref_cuda.json"
 step decode "bench decode 57b" python3 -m vivant bench decode --preset 57b --device cuda --chunks 20 --json --out "$OUT/decode_57b.json"
 ls -la "$OUT"

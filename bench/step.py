@@ -60,6 +60,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ring", default=None, choices=["fp8", "bf16"],
                    help="GPU: the FP8 parts' ring storage (EngineOptions.ring; bf16 needs the image attention); "
                         "default: the served engine's")
+    p.add_argument("--o-gemm", default=None, choices=["fp8", "bf16"],
+                   help="GPU: the O projection's GEMM (EngineOptions.o_gemm); default: the served engine's")
+    p.add_argument("--compare-o-gemm", action="store_true",
+                   help="GPU, TP > 1: also time the engine with the other O GEMM precision in the same process "
+                        "(timed A, B, A again), JSON key o_gemm_compare")
     p.add_argument("--numerics-chunks", type=int, default=0, help="GPU: also compare modes over this many chunks")
     p.add_argument("--numerics-t-limit", type=int, default=40, help="GPU: t_limit for the numerics run (forces resets)")
     p.add_argument("--ablation", action="store_true",

@@ -5,8 +5,10 @@ graphs). The timings themselves are GPU-only (docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 
+import types
+
 import torch
-from vivant.bench.gpu_step import _audio, build_rank
+from vivant.bench.gpu_step import _audio, build_rank, compare_o_gemm
 from vivant.bench.gpu_tune import engine as tune_engine
 from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.engine import Engine
@@ -31,3 +33,19 @@ def test_an_fp8_rank_built_block_by_block_runs_on_the_unified_engine():
     assert bool(torch.isfinite(ring).all()) and bool(torch.isfinite(base).all())
     err = float((ring - base).norm() / base.norm())
     assert err < 0.05, f"the rank's ring vs baseline cache on the same FP8 weights: relative RMS {err:.3e}"
+
+
+def test_the_o_gemm_comparison_runs_both_precisions_on_the_same_rank():
+    """`bench step --compare-o-gemm`'s second engine: the rank's bf16 O weights (TP > 1 keeps them), latents close to
+    the timed engine's, its medians and the A-B-A repeat reported; a rank already quantized is refused in the JSON."""
+    model = build_rank(CFG, 2, 0, keep_bf16=True, device="cpu")
+    options = EngineOptions(fp8=True)
+    timed = ChunkGenerator(CFG, mode=CacheMode.OPTIMIZED, device="cpu", dtype=torch.bfloat16,
+                           engine=Engine.build(model, options), seed=1)
+    lat = [timed.generate_chunk(_audio(CFG, i), CFG.audio_sample_rate).latents.cpu() for i in range(3)]
+    args = types.SimpleNamespace(seed=1, warmup=1, chunks=2)
+    got = compare_o_gemm(CFG, model, options, timed, lat, args, keep_bf16=True)
+    assert got["o_gemm"] == "bf16" and len(got["per_chunk_ms"]) == 2 and len(got["optimized_again_per_chunk_ms"]) == 2
+    assert 0 < got["max_rel_rms_vs_optimized"] < 0.05, f"bf16 O vs FP8 O latents: {got['max_rel_rms_vs_optimized']}"
+    refused = compare_o_gemm(CFG, model, options, timed, lat, args, keep_bf16=False)
+    assert "error" in refused and "bf16 projections" in refused["error"], refused

@@ -16,6 +16,7 @@ from vivant.worker.model.engine import Engine
 from vivant.worker.model.fast_parts import (
     Fp8Linear,
     Fp8ResidualNormMod,
+    Fp8SwiGLU,
     UnfusedFp8ResidualNormMod,
     UnfusedFp8SwiGLU,
     WholeWindowAttention,
@@ -43,6 +44,7 @@ VARIANTS = {
     "unfused_norm": FP8.replace(fused_norm=False),
     "bf16_gemm_unfused": FP8.replace(gemm="bf16", fused_norm=False),
     "whole_window_unfused": FP8.replace(cache_policy="whole_window", fused_norm=False),
+    "bf16_o_gemm": FP8.replace(o_gemm="bf16"),
 }
 
 
@@ -70,6 +72,11 @@ def test_the_parts_each_choice_installs(setup):
     lin, norm, act, core, m = parts(VARIANTS["bf16_gemm"])
     assert lin == {Linear} and norm is ResidualNormMod and act is SwiGLUAct, (lin, norm, act)
     assert m.blocks[0].attn.qkv is model.blocks[0].attn.qkv, "bf16 GEMMs should run the float model's own weights"
+    lin, norm, act, core, m = parts(VARIANTS["bf16_o_gemm"])
+    b = m.blocks[0]
+    assert type(b.attn.o) is Linear and b.attn.o is model.blocks[0].attn.o, "o_gemm = bf16: the float O weights"
+    assert {type(b.attn.qkv), type(b.mlp.gate_up), type(b.mlp.down)} == {Fp8Linear}, "the other three stay FP8"
+    assert norm is Fp8ResidualNormMod and act is Fp8SwiGLU and not b.attn.core.quantize, (norm, act)
     lin, norm, act, core, m = parts(VARIANTS["unfused_norm"])
     assert lin == {Fp8Linear} and norm is UnfusedFp8ResidualNormMod and act is UnfusedFp8SwiGLU, (lin, norm, act)
     lin, norm, act, core, m = parts(VARIANTS["whole_window"])
@@ -179,6 +186,28 @@ def test_bf16_gemms_refuse_an_already_quantized_model(setup):
     fp8_model = Engine.build(model, FP8).model
     with pytest.raises(ValueError, match="gemm = 'bf16' needs the model's float projections"):
         Engine.build(fp8_model, VARIANTS["bf16_gemm"])
+
+
+def test_bf16_o_gemm_refuses_an_already_quantized_model_and_the_float_parts(setup):
+    cfg, model, _ = setup
+    fp8_model = Engine.build(model, FP8).model
+    with pytest.raises(ValueError, match=r"o_gemm = 'bf16' needs the model's float projections \(o\)"):
+        Engine.build(fp8_model, VARIANTS["bf16_o_gemm"])
+    with pytest.raises(ValueError, match="o_gemm = 'bf16' needs fp8=True"):
+        EngineOptions(o_gemm="bf16")
+    with pytest.raises(ValueError, match="EngineOptions.o_gemm = 'fp16'; expected one of fp8, bf16"):
+        FP8.replace(o_gemm="fp16")
+
+
+def test_bf16_o_gemm_is_closer_to_the_float_parts_than_fp8(setup):
+    """The O projection's activations unrounded: the difference from the float parts shrinks (same weights, seed,
+    audio), the point of the choice."""
+    cfg, model, ref = setup
+    err = {}
+    for name, options in (("fp8", FP8), ("bf16_o", VARIANTS["bf16_o_gemm"])):
+        got, _ = run_chunks(ChunkGenerator(cfg, mode="optimized", engine=Engine.build(model, options), seed=2), cfg, 8)
+        err[name] = sum(rel_rms(g, w) for g, w in zip(got, ref[:8], strict=True)) / 8
+    assert err["bf16_o"] < err["fp8"], f"mean relative RMS vs the float parts: {err}"
 
 
 def test_compiled_part_is_eager_on_cpu():

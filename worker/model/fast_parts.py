@@ -19,13 +19,15 @@ Per block and pass (57b, TP = 4 rank: N = 757 tokens):
   row_parallel (O, down)    unchanged: `GemmThenAllReduce` / `FusedGemmAllReduce` call the Fp8Linear's product or
                             its fused product + TP sum (worker/model/fused_tp.py)
 
-The ablation's choices (EngineOptions.gemm, fused_norm, cache_policy; docs/ARCHITECTURE.md) swap parts, never a
+The ablation's choices (EngineOptions.gemm, o_gemm, fused_norm, cache_policy; docs/ARCHITECTURE.md) swap parts, never a
 branch inside them:
 
   gemm = bf16               the float projections stay (bf16 GEMMs); res_norm and act are the float parts
                             (`ResidualNormMod`, `SwiGLUAct`, bf16 out), through `torch.compile` on a GPU when
                             fused_norm (the Triton kernels only exist in quantizing form); attention's output
                             stays bf16 (split-KV: `split_kv_sdpa`'s unquantized combine)
+  o_gemm = bf16             (fp8) the O projection keeps its float weights (a bf16 GEMM) and attention's output
+                            stays bf16, as with gemm = bf16; the other three projections stay FP8
   fused_norm = False        (fp8) the float parts' residual/LayerNorm/modulation and SwiGLU as torch ops, then
                             `quant_rows`: `UnfusedFp8ResidualNormMod`, `UnfusedFp8SwiGLU`
   cache_policy = whole_window  `WholeWindowAttention`: q/k RMSNorm + RoPE(q) (kernels/qk_norm_rope.py), the
@@ -199,7 +201,7 @@ class Fp8RingAttention:
     (quantize=True, FP8 GEMMs) or the attention's bf16 rows (quantize=False, bf16 GEMMs)."""
 
     def __init__(self, backend: AttentionBackend, kv_splits: int | str, *, quantize: bool = True) -> None:
-        self.backend, self.kv_splits = AttentionBackend(backend), kv_splits
+        self.backend, self.kv_splits, self.quantize = AttentionBackend(backend), kv_splits, quantize
         self._splits: dict[tuple, int] = {}
         self.rows, self.split_attend = (_rows8, _split_fp8) if quantize else (_rows_bf16, _split_bf16)
 
@@ -221,6 +223,12 @@ class Fp8RingAttention:
         return self.rows(cache.attend(layer, attn.q_norm(q), attn.k_norm(k), v).reshape(n, h * d))
 
     def __call__(self, qkv: torch.Tensor, attn: Attention, layer: int, cache: KVCache):
+        out = self.attend(qkv, attn, layer, cache)
+        # unquantized rows in the O projection's dtype (bf16 on a GPU, a no-op; the CPU twins' float32 model)
+        return out if self.quantize else out.to(attn.o.weight.dtype)
+
+    def attend(self, qkv: torch.Tensor, attn: Attention, layer: int, cache: KVCache):
+        """The ring write and attention: Rows8 (quantize) or the attention's rows [T, h·D]."""
         n, h, d = qkv.shape[0], attn.local_heads, attn.head_dim
         if cache.mode is CacheMode.BASELINE:
             return self.baseline(qkv, attn, layer, cache)
@@ -243,7 +251,8 @@ class WholeWindowAttention(Fp8RingAttention):
     that image — the image backend's calls (split-KV when every slot is valid and `kv_splits` > 1) whatever
     `backend` says, since the image is what this policy produces. Output as `Fp8RingAttention`'s."""
 
-    def __call__(self, qkv: torch.Tensor, attn: Attention, layer: int, cache: KVCache):
+    def attend(self, qkv: torch.Tensor, attn: Attention, layer: int, cache: KVCache):
+        """The ring write and attention: Rows8 (quantize) or the attention's rows [T, h·D]."""
         n, h, d = qkv.shape[0], attn.local_heads, attn.head_dim
         if cache.mode is CacheMode.BASELINE:
             return self.baseline(qkv, attn, layer, cache)
@@ -308,20 +317,24 @@ def install_parts(model: VideoDiT, options: EngineOptions, *, inplace: bool = Fa
     if not options.fp8:
         return model
     fp8 = options.gemm is GemmPrecision.FP8
-    if not fp8 and any(isinstance(getattr(mod, name), Fp8Linear) for blk in model.blocks
-                       for mod, name in ((blk.attn, "qkv"), (blk.attn, "o"), (blk.mlp, "gate_up"), (blk.mlp, "down"))):
-        raise ValueError("EngineOptions.gemm = 'bf16' needs the model's float projections; this model's are "
-                         "already FP8 (build it with its bf16 weights)")
+    o_fp8 = fp8 and options.o_gemm is GemmPrecision.FP8
+    roles = ("qkv", "o", "gate_up", "down") if not fp8 else () if o_fp8 else ("o",)
+    if any(isinstance(getattr(blk.attn if r in ("qkv", "o") else blk.mlp, r), Fp8Linear) for blk in model.blocks
+           for r in roles):
+        field = "gemm" if not fp8 else "o_gemm"
+        raise ValueError(f"EngineOptions.{field} = 'bf16' needs the model's float projections ({', '.join(roles)}); "
+                         "this model's are already FP8 (build it with its bf16 weights)")
     m = model if inplace else fork(model)
     policy = WholeWindowAttention if options.cache_policy is CachePolicy.WHOLE_WINDOW else Fp8RingAttention
-    attention = policy(options.attention, options.kv_splits, quantize=fp8)
+    attention = policy(options.attention, options.kv_splits, quantize=o_fp8)
     res_norm, act = _norm_parts(options, m.cfg.norm_eps, m.patch_embed.weight.device)
     fa = options.fast_accum
     for blk in m.blocks:
         blk.res_norm = res_norm
         a, p = blk.attn, blk.mlp
         if fp8:
-            a.qkv, a.o = a.qkv.as_fp8(fast_accum=fa), a.o.as_fp8(fast_accum=fa)
+            a.qkv = a.qkv.as_fp8(fast_accum=fa)
+            a.o = a.o.as_fp8(fast_accum=fa) if o_fp8 else a.o
             p.gate_up, p.down = p.gate_up.as_fp8(fast_accum=fa), p.down.as_fp8(fast_accum=fa)
         a.core, p.act = attention, act
     return m

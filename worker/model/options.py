@@ -22,8 +22,9 @@ Names (StrEnum, so they compare equal to the strings the CLI, Redis and Promethe
   RingFormat       what the FP8 parts' ring stores: fp8 (e4m3 codes with one scale per (slot, head) row, plus the
                    bf16 read image attention reads) | bf16 (the rotated K and V rows in bf16: the ring is its own read
                    image — no FP8 rounding of K/V, two bytes per value instead of three, for image attention)
-  GemmPrecision    the fast parts' four projections: fp8 (FP8 e4m3 GEMMs, activations quantized by the kernel before
-                   each) | bf16 (bf16 GEMMs on the float projections, activations stay bf16; the ablation's row)
+  GemmPrecision    the fast parts' four projections (or the O projection alone, `o_gemm`): fp8 (FP8 e4m3 GEMMs,
+                   activations quantized by the kernel before each) | bf16 (bf16 GEMMs on the float projections,
+                   activations stay bf16; the ablation's row)
   CachePolicy      the fast parts' KV cache work: ring (RoPE + quantization once at write, the ring read as it is) |
                    whole_window (what streaming peers do: the window kept un-rotated in bf16, every attention call
                    re-rotates every key to its current position and, for an FP8 ring, re-quantizes the whole
@@ -104,13 +105,19 @@ class EngineOptions:
     ring        the FP8 parts' ring storage (RingFormat); bf16 needs attention "image" (the ring is the image).
     gemm        the fast parts' projections (GemmPrecision): fp8 as above, or bf16 GEMMs on the float projections
                 with bf16 activations (the ring as `ring` says).
+    o_gemm      the O projection alone, with gemm = fp8: fp8, or bf16 (attention's output rows stay unquantized and
+                the O GEMM runs on the float weights). Why a choice for one projection: on the trained `ref` model the
+                rounding of attention's output is one of the largest single causes of the served engine's difference
+                from the float32 path, and the O GEMM is the smallest of the four at the 57b shapes
+                (docs/BENCHMARKS.md, "Which FP8 rounding moves the trained model").
     fused_norm  True: residual + LayerNorm + modulation (+ the FP8 row quantization) and SwiGLU (+ quantization) as
                 one kernel each (kernels/fused_quant.py; with bf16 GEMMs, `torch.compile` of the float parts on a
                 GPU: the Triton kernels have no non-quantizing variant). False: the same arithmetic as separate
                 torch ops, then `quant_rows` (fp8).
     cache_policy the fast parts' cache work (CachePolicy): the ring, or the whole window re-rotated per call and,
                 with ring = fp8, re-quantized to FP8 per call (it keeps its own window; the ring stays unwritten).
-    gemm, fused_norm and cache_policy choose among the fast parts (fp8=True); the float parts take the defaults.
+    gemm, o_gemm, fused_norm and cache_policy choose among the fast parts (fp8=True); the float parts take the
+    defaults.
     """
 
     fp8: bool = False
@@ -120,6 +127,7 @@ class EngineOptions:
     cuda_graphs: bool = False
     ring: RingFormat = RingFormat.FP8
     gemm: GemmPrecision = GemmPrecision.FP8
+    o_gemm: GemmPrecision = GemmPrecision.FP8
     fused_norm: bool = True
     cache_policy: CachePolicy = CachePolicy.RING
 
@@ -127,6 +135,7 @@ class EngineOptions:
         object.__setattr__(self, "attention", parse_choice(AttentionBackend, self.attention, "EngineOptions.attention"))
         object.__setattr__(self, "ring", parse_choice(RingFormat, self.ring, "EngineOptions.ring"))
         object.__setattr__(self, "gemm", parse_choice(GemmPrecision, self.gemm, "EngineOptions.gemm"))
+        object.__setattr__(self, "o_gemm", parse_choice(GemmPrecision, self.o_gemm, "EngineOptions.o_gemm"))
         object.__setattr__(self, "cache_policy",
                            parse_choice(CachePolicy, self.cache_policy, "EngineOptions.cache_policy"))
         for name in ("fp8", "fast_accum", "cuda_graphs", "fused_norm"):
@@ -146,7 +155,7 @@ class EngineOptions:
             if self.cuda_graphs:
                 raise ValueError("EngineOptions.cuda_graphs = True needs fp8=True (the float parts are not "
                                  "graph-capturable: they build tensors from host values per call)")
-            for name, default in (("gemm", GemmPrecision.FP8), ("fused_norm", True),
+            for name, default in (("gemm", GemmPrecision.FP8), ("o_gemm", GemmPrecision.FP8), ("fused_norm", True),
                                   ("cache_policy", CachePolicy.RING)):
                 value = getattr(self, name)
                 if value != default:
