@@ -26,6 +26,7 @@ import math
 import platform
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -141,9 +142,10 @@ class QatSettings:
             raise ValueError(f"warmup_steps = {self.warmup_steps}; expected ≥ 0")
 
     def lr_at(self, step: int, elapsed_s: float) -> float:
-        """Linear warm-up over `warmup_steps`, then cosine from lr to 0.1·lr over the spent fraction."""
+        """Linear warm-up over `warmup_steps` (at most a tenth of `steps`), then cosine from lr to 0.1·lr over the spent fraction."""
         frac = min(1.0, max(step / self.steps, elapsed_s / self.seconds))
-        warm = min(1.0, (step + 1) / self.warmup_steps) if self.warmup_steps else 1.0
+        ramp = min(self.warmup_steps, self.steps // 10)  # short runs warm up over their first tenth
+        warm = min(1.0, (step + 1) / ramp) if ramp else 1.0
         return self.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
@@ -172,21 +174,16 @@ def mean_loss(model: VideoDiT, batches: list[WindowBatch], mask: torch.Tensor, p
     return float(np.mean([float(batch_loss(model, b, mask, pos, amp=amp)) for b in batches]))
 
 
-def finetune(model: VideoDiT, latents: torch.Tensor, feats: torch.Tensor, clip_chunks: np.ndarray,
-             settings: QatSettings, *, log: Log) -> tuple[VideoDiT, dict]:
-    """Fine-tune `model` (float32, on the training device) with the served FP8 rounding in its projections; returns
-    the model with its projections on the FP8 grid (plain modules again, float32, CPU) and the run's figures."""
-    cfg, device = model.cfg, latents.device
+def finetune(model: VideoDiT, draw: Callable[[], WindowBatch], fixed: list[WindowBatch], settings: QatSettings, *,
+             log: Log) -> tuple[VideoDiT, dict]:
+    """Fine-tune `model` (float32, on the batches' device) with the served FP8 rounding in its projections, one
+    batch from `draw()` per step; the loss before and after is measured on the `fixed` batches (same window length).
+    Returns the model with its projections on the FP8 grid (plain modules again, float32, CPU) and the figures."""
+    cfg, device = model.cfg, fixed[0].xt.device
     amp = device.type == "cuda"
-    window = min(settings.window, int(clip_chunks.max()))
-    torch.manual_seed(settings.seed)
-    rng = np.random.default_rng(settings.seed + 1)
+    window = fixed[0].xt.shape[1] // 2
     mask = stream_mask(cfg, window).to(device)
     pos = stream_positions(cfg, window, 2).to(device)
-    eval_gen = torch.Generator(device=device).manual_seed(settings.seed + 7)
-    eval_rng = np.random.default_rng(settings.seed + 7)
-    fixed = [draw_batch(eval_rng, latents, feats, clip_chunks, cfg, window=window, batch=settings.batch,
-                        generator=eval_gen) for _ in range(settings.eval_batches)]
     model.eval()  # no dropout in the DiT; eval only pins the mode
     float_before = mean_loss(model, fixed, mask, pos, amp=amp)
     install_fp8_fake_quant(model)
@@ -199,8 +196,7 @@ def finetune(model: VideoDiT, latents: torch.Tensor, feats: torch.Tensor, clip_c
     while step < settings.steps and (step == 0 or time.perf_counter() - t0 < settings.seconds):
         for g in opt.param_groups:
             g["lr"] = settings.lr_at(step, time.perf_counter() - t0)
-        b = draw_batch(rng, latents, feats, clip_chunks, cfg, window=window, batch=settings.batch)
-        loss = batch_loss(model, b, mask, pos, amp=amp)
+        loss = batch_loss(model, draw(), mask, pos, amp=amp)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -247,7 +243,18 @@ def write_fp8_qat(src: Path, out: Path, settings: QatSettings, *, device: torch.
     model = VideoDiT(cfg)
     load_weights(model, src / DIT_FILE)
     source_state = {k: v.float().clone() for k, v in model.state_dict().items()}
-    model, info = finetune(model.float().to(device), latents, feats, clip_chunks, settings, log=log)
+    window = min(settings.window, int(clip_chunks.max()))
+    torch.manual_seed(settings.seed)
+    rng = np.random.default_rng(settings.seed + 1)
+    eval_gen = torch.Generator(device=device).manual_seed(settings.seed + 7)
+    eval_rng = np.random.default_rng(settings.seed + 7)
+    fixed = [draw_batch(eval_rng, latents, feats, clip_chunks, cfg, window=window, batch=settings.batch,
+                        generator=eval_gen) for _ in range(settings.eval_batches)]
+
+    def draw() -> WindowBatch:
+        return draw_batch(rng, latents, feats, clip_chunks, cfg, window=window, batch=settings.batch)
+
+    model, info = finetune(model.float().to(device), draw, fixed, settings, log=log)
     moved = {}
     for part, role in ROLES:
         keys = [f"blocks.{i}.{part}.{role}.weight" for i in range(cfg.n_layers)]
