@@ -29,6 +29,14 @@ def _field(report: dict, key: str, name: str):
     return report[key]
 
 
+def _path_reference(report: dict, key: str, name: str) -> float:
+    """report[key]["reference"]: the float32 path's figure of a per-path field."""
+    value = _field(report, key, name)
+    if not isinstance(value, dict) or "reference" not in value:
+        raise ValueError(f"{name}: {key!r} has no 'reference' entry; expected a `vivant eval quality --json` report")
+    return float(value["reference"])
+
+
 def served_goals(report: dict, name: str) -> dict:
     """Issue #19's served-engine goals on one report: each figure and whether it holds."""
     latent_max = float(_field(report, "latent_rel_rms_max", name))
@@ -50,10 +58,10 @@ def compare(shipped: dict, candidate: dict) -> dict:
     max_drop = float(_field(shipped, "gate", "shipped").get("max_lipsync_drop", 0.01))
     ls_old = float(_field(shipped, "lip_sync_reference", "shipped"))
     ls_new = float(_field(candidate, "lip_sync_reference", "candidate"))
-    ps_old = float(_field(shipped, "psnr_vs_procedural_db", "shipped")["reference"])
-    ps_new = float(_field(candidate, "psnr_vs_procedural_db", "candidate")["reference"])
-    ss_old = float(_field(shipped, "ssim_vs_procedural", "shipped")["reference"])
-    ss_new = float(_field(candidate, "ssim_vs_procedural", "candidate")["reference"])
+    ps_old = _path_reference(shipped, "psnr_vs_procedural_db", "shipped")
+    ps_new = _path_reference(candidate, "psnr_vs_procedural_db", "candidate")
+    ss_old = _path_reference(shipped, "ssim_vs_procedural", "shipped")
+    ss_new = _path_reference(candidate, "ssim_vs_procedural", "candidate")
     drop = (ls_old - ls_new) / abs(ls_old)
     return {
         "float32_ground_truth": {
