@@ -142,7 +142,8 @@ class QatSettings:
             raise ValueError(f"warmup_steps = {self.warmup_steps}; expected ≥ 0")
 
     def lr_at(self, step: int, elapsed_s: float) -> float:
-        """Linear warm-up over `warmup_steps` (at most a tenth of `steps`), then cosine from lr to 0.1·lr over the spent fraction."""
+        """The learning rate at `step`: linear warm-up over `warmup_steps` (at most a tenth of `steps`), then a cosine
+        from lr to 0.1·lr over the spent fraction of the run."""
         frac = min(1.0, max(step / self.steps, elapsed_s / self.seconds))
         ramp = min(self.warmup_steps, self.steps // 10)  # short runs warm up over their first tenth
         warm = min(1.0, (step + 1) / ramp) if ramp else 1.0
@@ -171,6 +172,7 @@ def training_latents(src: Path, data: dict[str, np.ndarray], cfg: ModelConfig,
 
 @torch.no_grad()
 def mean_loss(model: VideoDiT, batches: list[WindowBatch], mask: torch.Tensor, pos: torch.Tensor, *, amp: bool) -> float:
+    """The mean of `batch_loss` over `batches`, without gradients."""
     return float(np.mean([float(batch_loss(model, b, mask, pos, amp=amp)) for b in batches]))
 
 
