@@ -61,6 +61,19 @@ step native "FP8-native ref checkpoint, then the quality gate on it" bash -c "py
     --out /tmp/ref_fp8_native > $OUT/fp8_native_record.json && python3 -m vivant eval quality --device cuda \
     --weights /tmp/ref_fp8_native --wav weights/ref/data/held_out.wav --seconds ${QUALITY_SECONDS:-60} --json \
     > $OUT/quality_ref_fp8_native_cuda.json"
+# quantization-aware fine-tune of ref under the served FP8 rounding (worker/train/fp8_qat.py), written on the machine and
+# copied to $OUT/qat/ before the gate runs on it (a failing gate loses nothing); then its figures against the shipped
+# checkpoint's (bench/quality_compare.py): $OUT/quality_ref_cuda.json when STEPS=quality ran in this call, else the
+# committed run of the shipped checkpoint (QAT_BASELINE)
+QAT_BASE=${QAT_BASELINE:-$([ -f "$OUT/quality_ref_cuda.json" ] && echo "$OUT/quality_ref_cuda.json" \
+    || echo bench/results/quality_ref_cuda_h200_2026-12-02_fp8-native.json)}
+step qat "FP8 QAT fine-tune of ref, then the quality gate on it" bash -c "rm -rf /tmp/ref_fp8_qat; \
+    python3 -m vivant train fp8-qat --weights weights/ref --device cuda --out /tmp/ref_fp8_qat ${QAT_ARGS:-} \
+    > $OUT/qat_train.txt 2>&1; rc=\$?; grep -E '\] fp8-qat' $OUT/qat_train.txt | tail -6; [ \$rc = 0 ] || exit \$rc; \
+    mkdir -p $OUT/qat && cp /tmp/ref_fp8_qat/ref_dit.safetensors /tmp/ref_fp8_qat/train_log.json $OUT/qat/ && \
+    python3 -m vivant eval quality --device cuda --weights /tmp/ref_fp8_qat --wav weights/ref/data/held_out.wav \
+    --seconds ${QUALITY_SECONDS:-60} --json > $OUT/quality_ref_cuda_qat.json; echo eval quality exit \$?; \
+    python3 bench/quality_compare.py $QAT_BASE $OUT/quality_ref_cuda_qat.json --out $OUT/quality_compare_qat.json"
 # which FP8 rounding moves the trained model, with the served engine's own parts (bench/fp8_sensitivity.py)
 step sensitivity "fp8 sensitivity on ref, the served engine's parts" python3 bench/fp8_sensitivity.py --device cuda \
     --seconds ${SENSITIVITY_SECONDS:-20} ${SENSITIVITY_ARGS:-} --out "$OUT/fp8_sensitivity_ref_cuda.json"

@@ -8,6 +8,9 @@ ref_vae_encoder.safetensors, ref_dit.safetensors (float16), train_log.json (ever
 dataset's seed, losses over time, steps, seconds, device, torch version). The dataset is read from
 --data (default weights/ref/data/ref_data.npz, shipped); when that file is missing it is built here
 (needs espeak-ng and sox) and written there.
+
+`vivant train fp8-native` and `vivant train fp8-qat` start from trained weights instead
+(worker/train/fp8_native.py, worker/train/fp8_qat.py; docs/reference_model.md).
 """
 
 from __future__ import annotations
@@ -37,11 +40,17 @@ from vivant.worker.train.train_vae import encode_all, train_vae
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("what", choices=["ref", "fp8-native"],
+    p.add_argument("what", choices=["ref", "fp8-native", "fp8-qat"],
                    help="ref: train the reference character; fp8-native: put the ref DiT's projection weights on the "
-                        "served FP8 grid (worker/train/fp8_native.py)")
+                        "served FP8 grid (worker/train/fp8_native.py); fp8-qat: fine-tune the ref DiT under the "
+                        "served FP8 rounding, then put it on that grid (worker/train/fp8_qat.py)")
     p.add_argument("--from", dest="source", default=None,
                    help="fp8-native: the ref weights to start from (default weights/ref)")
+    p.add_argument("--weights", default=None, help="fp8-qat: the ref weights to fine-tune (default weights/ref)")
+    p.add_argument("--steps", type=int, default=None, help="fp8-qat: optimizer steps at most (default 3000)")
+    p.add_argument("--lr", type=float, default=None, help="fp8-qat: peak learning rate (default 5e-5)")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="fp8-qat: wall-clock cap of the fine-tune loop (default 150)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--minutes", type=float, default=6.0, help="training wall-clock budget (VAE + DiT)")
     p.add_argument("--seed", type=int, default=0)
@@ -59,6 +68,26 @@ def default_data_path() -> Path:
     return default_weights_dir() / "data" / "ref_data.npz"
 
 
+def _fp8_qat(args: argparse.Namespace) -> int:
+    from vivant.worker.train.fp8_qat import QatSettings, check_source, write_fp8_qat
+
+    given = {k: getattr(args, k) for k in ("steps", "lr", "seconds", "batch") if getattr(args, k) is not None}
+    device = pick_device(args.device)
+    if device.type == "cpu" and args.batch is None:
+        given["batch"] = 4
+    settings = QatSettings(**given, window=args.window, seed=args.seed)
+    src = Path(args.weights) if args.weights else default_weights_dir()
+    check_source(src)
+    data_path = Path(args.data) if args.data else default_data_path()
+    if not data_path.is_file():
+        raise ValueError(f"--data {str(data_path)!r}: no such file; expected the dataset .npz "
+                         f"(weights/ref/data/ref_data.npz is shipped)")
+    record = write_fp8_qat(src, Path(args.out), settings, device=device, data_path=data_path,
+                           max_clips=args.max_clips)
+    print(json.dumps(record, indent=1))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     if args.what == "fp8-native":
         from vivant.worker.train.fp8_native import write_fp8_native
@@ -69,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
         record = write_fp8_native(src, Path(args.out))
         print(json.dumps(record, indent=1))
         return 0
+    if args.what == "fp8-qat":
+        return _fp8_qat(args)
     if not args.minutes > 0:
         raise ValueError(f"--minutes = {args.minutes}; expected > 0")
     if not 0 < args.vae_share < 1:

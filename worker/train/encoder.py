@@ -10,6 +10,8 @@ is folded into this encoder's last convolution and the decoder's first one, see 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -53,3 +55,21 @@ class ChunkEncoder(nn.Module):
         x = frames.reshape(b, c, n, tf, h, w).permute(0, 2, 1, 3, 4, 5).reshape(b * n, c * tf, h, w)
         z = self.head(self.body(x))
         return z.reshape(b, n, cfg.latent_channels, cfg.latent_h, cfg.latent_w).permute(0, 2, 1, 3, 4)
+
+
+def load_chunk_encoder(path: str | Path, cfg: VAEConfig) -> ChunkEncoder:
+    """The encoder saved by `vivant train ref` (ref_vae_encoder.safetensors), float32, eval mode.
+
+    Read by name and shape (`load_state_dict`, strict): the shipped file predates the checksum metadata that
+    `load_weights` requires, and the encoder only ever runs in training and evaluation, never in a worker."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"VAE encoder {str(path)!r} does not exist; expected the output of `vivant train ref`")
+    enc = ChunkEncoder(cfg)
+    try:
+        enc.load_state_dict(load_file(str(path)), strict=True)
+    except RuntimeError as exc:
+        raise ValueError(f"VAE encoder {str(path)!r} does not fit the {cfg.name} encoder: {exc}") from None
+    return enc.float().eval()

@@ -30,6 +30,7 @@ Shapes: latents [B, L, C, h, w]; audio features [B, L, A, F]; tokens [B, 2L, T, 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -111,6 +112,43 @@ def sequence_velocity(model: VideoDiT, latents: torch.Tensor, sigmas: torch.Tens
     return out.reshape(B, L2, gh, gw, C, p, p).permute(0, 1, 4, 2, 5, 3, 6).reshape(B, L2, C, gh * p, gw * p)
 
 
+@dataclass(frozen=True)
+class WindowBatch:
+    """One teacher-forced batch (module docstring): both streams stacked on the chunk axis, context first.
+    xt [B, 2L, C, h, w] noised latents; sigmas [B, 2L]; feats [B, 2L, A, F]; velocity [B, 2L, C, h, w] = n − x0."""
+
+    xt: torch.Tensor
+    sigmas: torch.Tensor
+    feats: torch.Tensor
+    velocity: torch.Tensor
+
+
+def draw_batch(rng: np.random.Generator, latents: torch.Tensor, feats: torch.Tensor, clip_chunks: np.ndarray,
+               cfg: ModelConfig, *, window: int, batch: int, generator: torch.Generator | None = None) -> WindowBatch:
+    """`batch` windows of `window` chunks inside one clip each (positions from `rng`), the context stream at
+    σ_last, the target stream at levels drawn from the sampler's sigmas, noise from `generator` (None: torch's
+    global generator). latents [chunks, C, h, w] and feats [chunks, A, F] on the training device."""
+    device = latents.device
+    first = torch.from_numpy(sample_windows(rng, clip_chunks, window, batch)).to(device)
+    idx = first[:, None] + torch.arange(window, device=device)[None]
+    x0 = torch.cat([latents[idx]] * 2, dim=1)  # [B, 2L, C, h, w]
+    fe = torch.cat([feats[idx]] * 2, dim=1)
+    levels = torch.tensor(cfg.sigmas, device=device)
+    pick = torch.randint(0, len(levels), (batch, window), device=device, generator=generator)
+    sig = torch.cat([torch.full((batch, window), float(cfg.sigmas[-1]), device=device), levels[pick]], dim=1)
+    noise = torch.randn(x0.shape, device=device, dtype=x0.dtype, generator=generator)
+    s = sig[..., None, None, None]
+    return WindowBatch(xt=(1 - s) * x0 + s * noise, sigmas=sig, feats=fe, velocity=noise - x0)
+
+
+def batch_loss(model: VideoDiT, b: WindowBatch, mask: torch.Tensor, pos: torch.Tensor, *, amp: bool) -> torch.Tensor:
+    """Mean squared error of the predicted rectified-flow velocity over both streams (float32 scalar); `amp`
+    runs the forward under bf16 autocast, as training on the GPU does."""
+    with torch.autocast(b.xt.device.type, dtype=torch.bfloat16, enabled=amp):
+        v = sequence_velocity(model, b.xt, b.sigmas, b.feats, mask, pos)
+    return (v.float() - b.velocity).pow(2).mean()
+
+
 def train_dit(latents: torch.Tensor, feats: torch.Tensor, clip_chunks: np.ndarray, cfg: ModelConfig, *,
               seconds: float, seed: int, device: torch.device, log: Log, batch: int = 32,
               window: int = 16, ema_decay: float = 0.998, autocast_cpu: bool = False) -> tuple[VideoDiT, dict]:
@@ -129,27 +167,14 @@ def train_dit(latents: torch.Tensor, feats: torch.Tensor, clip_chunks: np.ndarra
     budget = Budget(seconds, warmup_steps=200)
     mask = stream_mask(cfg, window).to(device)
     pos = stream_positions(cfg, window, 2).to(device)
-    levels = torch.tensor(cfg.sigmas, device=device)
-    sigma_ctx = float(cfg.sigmas[-1])
     latents, feats = latents.to(device), feats.to(device).float()
     amp = device.type == "cuda" or autocast_cpu
     step, last_print, avg = 0, -1e9, None
     while not budget.done() or step == 0:
         for g in opt.param_groups:
             g["lr"] = LR * budget.lr_factor(step)
-        first = torch.from_numpy(sample_windows(rng, clip_chunks, window, batch)).to(device)
-        idx = first[:, None] + torch.arange(window, device=device)[None]
-        x0, fe = latents[idx], feats[idx]  # [B, L, C, h, w], [B, L, A, F]
-        x0 = torch.cat([x0, x0], dim=1)
-        fe = torch.cat([fe, fe], dim=1)
-        sig = torch.cat([torch.full((batch, window), sigma_ctx, device=device),
-                         levels[torch.randint(0, len(levels), (batch, window), device=device)]], dim=1)
-        noise = torch.randn_like(x0)
-        s = sig[..., None, None, None]
-        xt = (1 - s) * x0 + s * noise
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            v = sequence_velocity(model, xt, sig, fe, mask, pos)
-        loss = (v.float() - (noise - x0)).pow(2).mean()
+        b = draw_batch(rng, latents, feats, clip_chunks, cfg, window=window, batch=batch)
+        loss = batch_loss(model, b, mask, pos, amp=amp)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
