@@ -20,6 +20,10 @@ needs one frame every 41.67 ms. The pacer sits between them:
   speech turn's chunks can be generated again in their place (docs/ARCHITECTURE.md, "Rewind at a turn start"); a
   chunk with at least one frame published is shown and plays to its end (the half-shown rule); chunks still upstream
   (`pending_until`) are judged by the slots they will get, and one due within `keep_until_s` is kept.
+* splice: `splice_unshown(keep_until_s)` is the same cut at a frame: f*, the first buffered frame due later than
+  `keep_until_s`, in chunk m at index k. Frames of m before k stay (the chunk on screen is cut at k, not played to its
+  end); frames k.. of m and every later chunk are dropped; the next chunk pushed is m again (made again) and only its
+  frames k.. are published, with their audio slots, so A/V stays aligned.
 * audio: each slot carries its share of the chunk's PCM (slot k ends at sample floor((k+1)*sr/fps));
   a repeated slot carries silence up to that boundary, so published audio and video never drift. The
   A/V offset of every generated frame (where its first audio sample lands minus its video timestamp)
@@ -158,11 +162,28 @@ class Discard:
 @dataclass
 class Rewind:
     """One rewind at a turn start: when (clock s), the chunk generation restarted at, and the chunks dropped
-    (decoded ones from the pacer's buffer, and ones still in the decoder stage)."""
+    (decoded ones from the pacer's buffer, and ones still in the decoder stage). `frame`: the splice's k, the first
+    frame of `to_chunk` replaced (0: the whole chunk; k > 0: its frames < k were kept, and `dropped` lists
+    `to_chunk` for its frames ≥ k)."""
 
     at_s: float
     to_chunk: int
     dropped: list[int]
+    frame: int = 0
+
+
+@dataclass
+class _Entry:
+    """A buffered chunk and the frames of it that play, [first, stop): a splice cuts a buffered chunk at stop = k and
+    the chunk made again in its place starts at first = k (otherwise first = 0, stop = frames_per_chunk)."""
+
+    chunk: DecodedChunk
+    first: int
+    stop: int
+
+    @property
+    def frames(self) -> int:
+        return self.stop - self.first
 
 
 @dataclass
@@ -195,8 +216,9 @@ class Pacer:
         self.config = config or PacerConfig()
         self.clock = clock or MonotonicClock()
         self._cond = threading.Condition()
-        self._chunks: deque[DecodedChunk] = deque()
-        self._frame_in_chunk = 0  # next frame of _chunks[0] to publish
+        self._chunks: deque[_Entry] = deque()
+        self._frame_in_chunk = 0  # frames of _chunks[0] published (its next one is first + this)
+        self._skip: tuple[int, int] | None = None  # (m, k): the next push of chunk m plays from its frame k
         self._next_chunk = 0  # index the next push must carry
         self._input_closed = False
         self.t0: float | None = None
@@ -222,7 +244,7 @@ class Pacer:
     def buffered_indices(self) -> list[int]:
         """Indices of the chunks in the buffer, oldest first (a partly played chunk included)."""
         with self._cond:
-            return [c.index for c in self._chunks]
+            return [e.chunk.index for e in self._chunks]
 
     def space(self) -> int:
         with self._cond:
@@ -243,6 +265,10 @@ class Pacer:
                 raise ValueError(f"chunk {chunk.index}: the pacer's input was closed")
             if chunk.index != self._next_chunk:
                 raise ValueError(f"chunk index: expected {self._next_chunk} (chunks arrive in order), got {chunk.index}")
+            first = 0
+            if self._skip is not None and chunk.index >= self._skip[0]:
+                first = self._skip[1] if chunk.index == self._skip[0] else 0
+                self._skip = None
             if chunk.index < self._discard_below and chunk.audio.any():
                 self._next_chunk += 1
                 self._discards[-1].chunks.append(chunk.index)
@@ -250,7 +276,7 @@ class Pacer:
                 return
             if len(self._chunks) >= c.buffer_chunks:
                 raise PacerFull(f"jitter buffer full ({c.buffer_chunks} chunks); chunk {chunk.index} not taken")
-            self._chunks.append(chunk)
+            self._chunks.append(_Entry(chunk, first, c.frames_per_chunk))
             self._next_chunk += 1
             self._depth.append((self.clock.now(), len(self._chunks)))
             self._cond.notify_all()
@@ -263,14 +289,14 @@ class Pacer:
         with self._cond:
             self._discard_below = max(self._discard_below, index)
             self._retired = max(self._retired, index - 1)
-            keep: deque[DecodedChunk] = deque()
+            keep: deque[_Entry] = deque()
             dropped = []
-            for i, chunk in enumerate(self._chunks):
+            for i, entry in enumerate(self._chunks):
                 started = i == 0 and self._frame_in_chunk > 0
-                if chunk.index < index and chunk.audio.any() and not started:
-                    dropped.append(chunk.index)
+                if entry.chunk.index < index and entry.chunk.audio.any() and not started:
+                    dropped.append(entry.chunk.index)
                 else:
-                    keep.append(chunk)
+                    keep.append(entry)
             self._chunks = keep
             self._discards.append(Discard(self.clock.now(), dropped))
             self._interrupted = True
@@ -293,37 +319,82 @@ class Pacer:
         its remaining frames' due times). Before playout has started (no t0) nothing is shown and no due time is
         known, so every buffered chunk is dropped. Chunks below r that are kept play as they would have. Chunks
         below `oldest` are always kept (the producer cannot rewind further than its undo logs hold)."""
+        return self._cut(keep_until_s, oldest, pending_until, frames=False)[0]
+
+    def splice_unshown(self, keep_until_s: float, *, oldest: int = 0,
+                       pending_until: int | None = None) -> tuple[int, int]:
+        """`drop_unstarted` at a frame (module docstring, "splice"): f* = the first buffered frame not published and
+        due later than `keep_until_s`, in chunk m (≥ `oldest`) at index k. Frames of m before k stay, frames k.. of m
+        and every later chunk are dropped; returns (m, k). The next chunk pushed is m; when k > 0 only its frames
+        k.. are published (its frames < k are discarded, never shown). k = 0 is `drop_unstarted`'s cut.
+
+        Chunks upstream (`pending_until`, no buffered frame dropped) are judged whole, as by `drop_unstarted`: one
+        whose first frame is due within `keep_until_s` is kept entire (its decode is under way; cutting it would
+        need the decoder to deliver it and then rewind behind it). Before playout has started every buffered chunk
+        is dropped: (first buffered, 0)."""
+        return self._cut(keep_until_s, oldest, pending_until, frames=True)
+
+    def _cut(self, keep_until_s: float, oldest: int, pending_until: int | None, *,
+             frames: bool) -> tuple[int, int]:
+        """The rewind's cut, (m, k) (see `drop_unstarted` and `splice_unshown`); `frames` False: only whole chunks
+        not begun are dropped (k is then the dropped entry's own first frame, 0 unless it was spliced)."""
         c = self.config
         with self._cond:
             if pending_until is not None and pending_until < self._next_chunk:
                 raise ValueError(f"drop_unstarted pending_until = {pending_until}; expected ≥ {self._next_chunk} (the "
                                  f"next chunk to push: the chunks upstream come after those pushed)")
-            keep: deque[DecodedChunk] = deque()
-            r = max(self._next_chunk, oldest)  # nothing buffered is dropped: the first chunk not pushed (or oldest)
-            for i, chunk in enumerate(self._chunks):
-                started = i == 0 and self._frame_in_chunk > 0
-                due = None if self.t0 is None else \
-                    self.t0 + (self._slot + i * c.frames_per_chunk - self._frame_in_chunk) / c.fps
-                if started or chunk.index < oldest or (due is not None and due <= keep_until_s):
-                    keep.append(chunk)
+            keep: deque[_Entry] = deque()
+            cut = (max(self._next_chunk, oldest), 0)  # nothing buffered dropped: the first chunk not pushed (or oldest)
+            ahead = 0  # unpublished frames before the entry judged (the next slot is the first of them)
+            head_done = False  # the head entry's published frames are all it keeps: it is finished
+            for i, entry in enumerate(self._chunks):
+                done = self._frame_in_chunk if i == 0 else 0
+                j = None if entry.chunk.index < oldest else self._first_due_after(entry, done, ahead, keep_until_s)
+                if j is not None and not frames and not (done == 0 and j == entry.first):
+                    j = None  # whole chunks only: one begun (half shown) or with its first frame due soon stays
+                if j is None:
+                    keep.append(entry)
+                    ahead += entry.frames - done
                     continue
-                r = chunk.index
+                if j > entry.first + done:
+                    keep.append(_Entry(entry.chunk, entry.first, j))  # its frames < j play, then the remade chunk
+                elif done:
+                    head_done = True
+                cut = (entry.chunk.index, j)
                 break
             else:  # nothing buffered dropped: the chunks upstream, in order, until one is due after the horizon
                 if self.t0 is not None and pending_until is not None:
-                    ahead = len(self._chunks) * c.frames_per_chunk - self._frame_in_chunk  # frames before them
                     for index in range(self._next_chunk, pending_until):
-                        due = self.t0 + (self._slot + ahead + (index - self._next_chunk) * c.frames_per_chunk) / c.fps
+                        due = self.t0 + (self._slot + ahead) / c.fps
                         if index >= oldest and due > keep_until_s:
                             break
-                        r = max(r, index + 1)
+                        cut = (max(cut[0], index + 1), 0)
+                        skip = self._skip[1] if self._skip is not None and self._skip[0] == index else 0
+                        ahead += c.frames_per_chunk - skip
+            m, k = cut
             self._chunks = keep
-            self._next_chunk = min(self._next_chunk, r)
-            self._discard_below = min(self._discard_below, r)
-            self._retired = min(self._retired, r - 1)
+            if head_done:
+                self._frame_in_chunk = 0
+            self._next_chunk = min(self._next_chunk, m)
+            if k > 0:
+                self._skip = (m, k)
+            elif self._skip is not None and self._skip[0] >= m:
+                self._skip = None
+            self._discard_below = min(self._discard_below, m)
+            self._retired = min(self._retired, m if k > 0 else m - 1)  # m's frames < k stay shown (or to show)
             self._depth.append((self.clock.now(), len(self._chunks)))
             self._cond.notify_all()
-            return r
+            return m, k
+
+    def _first_due_after(self, entry: _Entry, done: int, ahead: int, keep_until_s: float) -> int | None:
+        """Index (within its chunk) of the entry's first unpublished frame due later than `keep_until_s`, None if all
+        are due sooner; before start-up (no t0) its first unpublished frame (nothing has a due time)."""
+        if self.t0 is None:
+            return entry.first + done
+        for j in range(entry.first + done, entry.stop):
+            if self.t0 + (self._slot + ahead + j - entry.first - done) / self.config.fps > keep_until_s:
+                return j
+        return None
 
     def wait_for_space(self, timeout: float | None = None) -> bool:
         """Block (real time) until a chunk fits; True if it does. Only a producer ahead of playout waits."""
@@ -385,8 +456,9 @@ class Pacer:
 
     def _publish_generated(self, due: float, now: float) -> PublishedFrame:
         c = self.config
-        chunk = self._chunks[0]
-        j = self._frame_in_chunk
+        entry = self._chunks[0]
+        chunk = entry.chunk
+        j = entry.first + self._frame_in_chunk
         f = chunk.index * c.frames_per_chunk + j
         chunk_start, _ = c.chunk_sample_range(chunk.index)
         audio = chunk.audio[c.frame_sample(f) - chunk_start: c.frame_sample(f + 1) - chunk_start]
@@ -397,12 +469,12 @@ class Pacer:
         if self._stalls and self._stalls[-1].ended_s is None:
             self._stalls[-1].ended_s = now
         frame = PublishedFrame(self._slot, pts, chunk.index, f, False, chunk.frames[j], audio, due, now, offset)
-        if j == 0:  # a chunk starts: any gap after this one is the generator's, not the interruption's
+        if j == entry.first:  # a chunk starts: any gap after this one is the generator's, not the interruption's
             self._interrupted = False
         self._retired = max(self._retired, chunk.index)
         self._generated += 1
         self._frame_in_chunk += 1
-        if self._frame_in_chunk == c.frames_per_chunk:
+        if self._frame_in_chunk == entry.frames:
             self._chunks.popleft()
             self._frame_in_chunk = 0
             self._depth.append((now, len(self._chunks)))

@@ -8,13 +8,15 @@ playout (the lead fitted to the measured diffuse + decode times: vivant.worker.s
 diffusion times and the speech taken to the playout's measurements. The worker runs the same playout on its
 decoder rank, fed from the DiT ranks (vivant.worker.serving).
 
-Rewind at a turn start: the chunks generated ahead of playout were made from silence (a listening face), and new
+Rewind at a turn start: the chunks generated ahead of playback were made from silence (a listening face), and new
 speech would wait behind all of them. So before taking a chunk whose audio holds a turn's first sample, the loop
-drops every chunk not begun and not due within `min_lead_s`, buffered or still being decoded (`Playout.rewind`,
-which also rewinds the decoder's causal state and returns r, the first chunk to make again), rewinds the generator's ring and positions to the state
-after chunk r − 1 (`ChunkGenerator.rewind`) and the audio input to chunk r (the turn's speech goes to chunk r), and
-goes on from r: the speech's first chunk is conditioned on exactly what the viewer saw. `min_lead_s` is the
-measured p99 of diffuse + decode plus the lead's margin (at least one frame), so chunk r is ready before its slot. Where a turn starts is
+splices at a frame (`Playout.splice`): f* is the first frame not published and due later than now + `min_lead_s`, in
+chunk m at index k; every frame from f* on is dropped, buffered or still being decoded (a chunk in the decoder stage
+is judged whole: kept if its first frame is due within the horizon, else dropped), and the decoder's causal state returns to after m − 1. The loop rewinds the generator's ring and
+positions to the state after chunk m − 1 (`ChunkGenerator.rewind`) and the audio input to chunk m keeping the samples
+m took for its frames < k (the turn's speech starts at frame k's first sample), and goes on from m: chunk m is made
+again and only its frames k.. are shown, so the speech's first frame is conditioned on exactly what the viewer saw.
+`min_lead_s` is the measured p99 of diffuse + decode plus the lead's margin (at least one frame), so frame k is ready before its slot. Where a turn starts is
 `AudioInput.turn_starts_next` (the same rule as the served runtime's: a turn queued right behind speech still
 playing continues it, no rewind; after `clear_buffer` the next turn rewinds). r is never below what the
 generator's and the audio input's undo logs hold. See docs/ARCHITECTURE.md (Turns: rewind and lead).
@@ -106,12 +108,13 @@ class StreamPipeline:
             return
         n = self._next
         oldest = max(self.generator.cache.oldest_rewind(), self.audio_in.oldest_rewind())
-        r = self.playout.rewind(self.playout.lead.min_lead_s(), oldest=oldest, keep_pending_due=True)
-        if not oldest <= r <= n:
-            raise RuntimeError(f"Playout.rewind returned chunk {r}; expected {oldest} ≤ r ≤ {n} (the chunk about "
-                               f"to be taken)")
+        r, k = self.playout.splice(self.playout.lead.min_lead_s(), oldest=oldest)
+        if not oldest <= r <= n or not (k == 0 or r < n):
+            raise RuntimeError(f"Playout.splice returned (chunk {r}, frame {k}); expected {oldest} ≤ chunk ≤ {n} (the "
+                               f"chunk about to be taken), frame 0 unless the chunk was taken")
+        pc = self.pacer.config
         self.generator.rewind(r)
-        self.audio_in.rewind(r)
+        self.audio_in.rewind(r, keep_samples=pc.frame_sample(r * pc.frames_per_chunk + k) - pc.chunk_sample_range(r)[0])
         self.playout.record_rewind(n)
         self._next = r
         self._last_speech_chunk = min(self._last_speech_chunk, r - 1)

@@ -16,13 +16,16 @@ sample pushed, the chunk carrying it diffused, decoded and its frame published (
 Rewind (`rewind`, at a speech turn's start): the chunks not begun and not due within a lead are dropped from the
 pacer and the decoder stage, the decoder's causal state returns to after the last chunk kept, and the producer
 generates again from the returned chunk r (docs/ARCHITECTURE.md, "Rewind at a turn start"); each rewind is kept in
-`rewinds`.
+`rewinds`. `splice` is the same at a frame (m, k): the chunk on screen is cut at its frame k instead of playing to
+its end, the decoder's state returns to after m − 1 and the producer makes chunk m again, of which only frames k.. are
+shown (`Pacer.splice_unshown`).
 
 Lead limit: `wait_lead(n)` blocks the producer until chunk n may be taken (chunk n − lead has started playing),
 which bounds the latency the buffers add to a turn. The lead is fitted to the measured diffuse + decode times
 by a `LeadController` (vivant.worker.stream.lead), starting from `max_lead_chunks`; the report gives the lead
-chosen and its changes. A rewind at a turn start is traced in the turn whose first sample starts the chunk rewound to,
-and the A/V offset of every generated frame of a rewound chunk is kept (its max |offset| is reported).
+chosen and its changes. A rewind at a turn start is traced in the turn it was made for: the first turn pushed before it
+whose first sample lands at or after its cut (at the cut, unless speech the cut gave back comes first), and the A/V
+offset of every generated frame from the cut on is kept (its max |offset| is reported).
 """
 
 from __future__ import annotations
@@ -133,7 +136,7 @@ class StreamReport:
     speech_samples_in: int
     cleared_samples: int
     chunks_generated: int = 0  # chunks diffused, those dropped by rewinds included
-    rewinds: list[dict] = field(default_factory=list)  # per rewind: from_chunk, to_chunk, dropped, at_s (s since t0)
+    rewinds: list[dict] = field(default_factory=list)  # per rewind: from_chunk, to_chunk, to_frame, dropped, at_s (s since t0)
     lead_chunks: int = 0  # the lead at the end of the stream
     lead_changes: list[tuple[int, int]] = field(default_factory=list)  # (chunk index, lead from then on)
     max_abs_av_offset_after_rewind_ms: float | None = None  # over generated frames of rewound chunks
@@ -255,7 +258,8 @@ class Playout:
             if len(self._rewind_from) >= len(self.rewinds):
                 raise RuntimeError(f"record_rewind(from_chunk={from_chunk}): no rewind left to attach it to")
             self._rewind_from.append(from_chunk)
-            self._rewound_from_frame = self.rewinds[-1].to_chunk * self.pacer.config.frames_per_chunk
+            last = self.rewinds[-1]
+            self._rewound_from_frame = last.to_chunk * self.pacer.config.frames_per_chunk + last.frame
 
     def record_turns(self, turns: Iterable[TurnStart], t_diffused: float) -> None:
         """Speech turns whose first sample is in the chunk just diffused at `t_diffused` (clock seconds)."""
@@ -266,9 +270,13 @@ class Playout:
                 while pc.frame_sample(frame + 1) <= start.stream_sample:
                     frame += 1
                 trace = TurnTrace(start.turn, start.pushed_s, start.chunk_index, frame, diffused_s=t_diffused)
+                # the turn's rewind: the latest made after its first sample was pushed, cutting at or before that
+                # sample's frame (speech a splice gave back to the queue may come first), not another turn's
                 rewind = next((rw for rw in reversed(self.rewinds)
-                               if rw.to_chunk == start.chunk_index and rw.at_s >= start.pushed_s), None)
-                if rewind is not None:  # this turn's speech starts the chunk the stream was rewound to
+                               if rw.at_s >= start.pushed_s and rw.to_chunk * pc.frames_per_chunk + rw.frame <= frame
+                               and not any(t.rewound_s == rw.at_s and t.rewound_to == rw.to_chunk
+                                           for t in self._turns.values() if t.turn != start.turn)), None)
+                if rewind is not None:  # this turn's speech starts at or after the frame the stream was rewound to
                     trace.rewound_to, trace.rewound_s = rewind.to_chunk, rewind.at_s
                 self._turns[start.turn] = trace
                 self._turn_by_frame.setdefault(frame, []).append(trace)
@@ -290,25 +298,41 @@ class Playout:
         (the decoder rank's rewind, whose keep-horizon is rank 0's diffuse time plus its own decode time). Drops
         chunks ≥ r from the pacer and the decoder stage, rewinds the decoder's causal state to after r − 1, records
         the rewind (`rewinds`) and returns r; the producer submits chunk r next (its generator and audio input
-        rewound to r). r ≥ `oldest` (the producer's undo logs hold chunks from there). The half-shown rule and the drop are the pacer's (`Pacer.drop_unstarted`). Holds the decoder
-        stage's lock, so no chunk reaches the pacer between the two drops."""
+        rewound to r). r ≥ `oldest` (the producer's undo logs hold chunks from there). The half-shown rule and the
+        drop are the pacer's (`Pacer.drop_unstarted`). Holds the decoder stage's lock, so no chunk reaches the pacer
+        between the two drops."""
+        return self._rewind(min_lead_s, oldest, keep_pending_due, frames=False)[0]
+
+    def splice(self, min_lead_s: float = 0.0, *, oldest: int = 0) -> tuple[int, int]:
+        """`rewind` at a frame (docs/ARCHITECTURE.md, "Rewind at a turn start"): f* = the first frame not published
+        and due later than now + `min_lead_s`, in chunk m at index k (`Pacer.splice_unshown`; the chunks in the
+        decoder stage are judged whole, as by `rewind(keep_pending_due=True)`). Frames of m before k stay; the
+        decoder's causal state returns to after m − 1; returns (m, k). The producer makes chunk m again (its
+        generator at m, its audio input at m keeping the samples of frames < k) and submits it; the pacer shows
+        only its frames k.. . The rewind record carries k (`Rewind.frame`)."""
+        return self._rewind(min_lead_s, oldest, True, frames=True)
+
+    def _rewind(self, min_lead_s: float, oldest: int, keep_pending_due: bool, *, frames: bool) -> tuple[int, int]:
         if not min_lead_s >= 0:
             raise ValueError(f"rewind min_lead_s = {min_lead_s!r}; expected seconds ≥ 0")
         with self.decoder.lock:
             buffered = self.pacer.buffered_indices()
             oldest = max(oldest, self.decoder.oldest_rewind())
-            r = self.pacer.drop_unstarted(self.clock.now() + min_lead_s, oldest=oldest,
-                                         pending_until=self.submitted if keep_pending_due else None)
+            cut = self.pacer.splice_unshown if frames else self.pacer.drop_unstarted
+            res = cut(self.clock.now() + min_lead_s, oldest=oldest,
+                      pending_until=self.submitted if keep_pending_due else None)
+            r, k = res if frames else (res, 0)
             self.decoder.rewind(r)
-            dropped = [i for i in buffered if i >= r] + self.decoder.rewind_dropped
+            dropped = sorted({i for i in buffered if i >= r} | set(self.decoder.rewind_dropped))
             self.submitted = min(self.submitted, r)
+        first_dropped = r * self.pacer.config.frames_per_chunk + k
         with self._lock:
             for index in [i for i in self._chunk_times if i >= r]:
                 del self._chunk_times[index]
-            for frame in [f for f in self._turn_by_frame if f >= r * self.pacer.config.frames_per_chunk]:
+            for frame in [f for f in self._turn_by_frame if f >= first_dropped]:
                 del self._turn_by_frame[frame]
-            self.rewinds.append(Rewind(self.clock.now(), r, sorted(dropped)))
-        return r
+            self.rewinds.append(Rewind(self.clock.now(), r, dropped, frame=k))
+        return r, k
 
     def finish(self) -> None:
         """Decode and play out what was submitted, stop both threads and close every sink (even after a failure,
@@ -454,7 +478,7 @@ class Playout:
             buffer_depth=[(round(t - t0, 3), d) for t, d in stats.depth_history],
             turns=turns, speech_samples_in=speech_samples_in, cleared_samples=cleared_samples,
             chunks_generated=chunks if chunks_generated is None else chunks_generated,
-            rewinds=[{"from_chunk": from_chunk, "to_chunk": rw.to_chunk, "dropped": rw.dropped,
+            rewinds=[{"from_chunk": from_chunk, "to_chunk": rw.to_chunk, "to_frame": rw.frame, "dropped": rw.dropped,
                       "at_s": round(rw.at_s - t0, 4)}
                      for from_chunk, rw in zip(self._rewind_from, self.rewinds, strict=False)],
             lead_chunks=self.lead.lead, lead_changes=list(self.lead.changes),
