@@ -344,7 +344,8 @@ class Pacer:
                 raise ValueError(f"drop_unstarted pending_until = {pending_until}; expected ≥ {self._next_chunk} (the "
                                  f"next chunk to push: the chunks upstream come after those pushed)")
             keep: deque[_Entry] = deque()
-            cut = (max(self._next_chunk, oldest), 0)  # nothing buffered dropped: the first chunk not pushed (or oldest)
+            r = max(self._next_chunk, oldest)  # nothing buffered dropped: the first frame not pushed (or oldest)
+            cut = (r, self._skip[1] if self._skip is not None and self._skip[0] == r else 0)
             ahead = 0  # unpublished frames before the entry judged (the next slot is the first of them)
             head_done = False  # the head entry's published frames are all it keeps: it is finished
             for i, entry in enumerate(self._chunks):
