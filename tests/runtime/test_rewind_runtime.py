@@ -2,10 +2,11 @@
 
 Rank 0 (`RankRuntime`, in this process) spawns its DiT ranks and its decoder rank. A session streams silence, then
 the agent's speech arrives (pushed into the session's audio input, as the room feed pushes it): rank 0 asks the
-decoder rank where to restart (the pipeline runner's playout drops what was not shown), every DiT rank rewinds at the
-same chunk boundary r, and from r on the latents equal those of a session that had the speech at chunk r from the
-start — the reference runs the generator runner, which has no playout and so never rewinds (its speech lands exactly
-where it is pushed). The decoder rank's kept latents (`<out>/<session>/latents/`) are compared bit for bit (the
+decoder rank where to restart (the pipeline runner's playout splices: frames from frame k of chunk r are dropped),
+every DiT rank rewinds at the same chunk boundary r, rank 0's audio input keeps chunk r's samples of frames < k, and
+from r on the latents equal those of a session that had, for chunk r, those samples (silence) then the speech from
+frame k's first sample, from the start — the reference runs the generator runner, which has no playout and so never
+rewinds (its speech lands exactly where it is pushed). The decoder rank's kept latents (`<out>/<session>/latents/`) are compared bit for bit (the
 same ops on the same inputs at the same TP: np.array_equal)."""
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ def speech() -> np.ndarray:
     return (0.5 * np.sin(2 * np.pi * 220 * t) + 0.01).astype(np.float32)
 
 
-def serve(tp: int, runner: RunnerKind, out: Path, silent: int) -> list[tuple[int, int]]:
-    """One session: `silent` chunks, the speech pushed, SPEAKING chunks; returns rank 0's rewinds (next, r)."""
+def serve(tp: int, runner: RunnerKind, out: Path, silent: int, lead_in: int = 0) -> list[tuple[int, int, int]]:
+    """One session: `silent` chunks, the speech pushed (after `lead_in` samples of silence), SPEAKING chunks; returns
+    rank 0's rewinds (next, r, k)."""
     spec = RankSpec(layout=RankLayout(tp=tp), init_method=f"tcp://127.0.0.1:{free_port()}", runner=runner,
                     out_dir=str(out), timeout_s=60.0)
     rt = RankRuntime(spec).start(ready_timeout_s=300)
@@ -43,7 +45,7 @@ def serve(tp: int, runner: RunnerKind, out: Path, silent: int) -> list[tuple[int
         rt.begin(assignment(SESSION), FlagValues())
         for _ in range(silent):
             rt.step()
-        rt.audio_in.push(speech(), SR)
+        rt.audio_in.push(np.concatenate([np.zeros(lead_in, np.float32), speech()]), SR)
         for _ in range(SPEAKING):
             rt.step()
         rewinds = list(rt.rewinds)
@@ -66,10 +68,12 @@ def latents(out: Path, chunk: int) -> np.ndarray:
 def test_a_turn_start_rewinds_every_rank_and_equals_the_speech_at_that_chunk(tp, tmp_path):
     rewound = serve(tp, RunnerKind.PIPELINE, tmp_path / "rewound", SILENT)
     assert len(rewound) == 1 and rewound[0][0] == SILENT, rewound
-    r = rewound[0][1]
-    assert 1 <= r < SILENT, f"the playout kept every chunk made from silence (r = {r}): nothing was rewound"
-    ref = serve(tp, RunnerKind.GENERATOR, tmp_path / "reference", r)
-    assert ref == [(r, r)], f"the generator runner has no playout: its rewind is the next chunk, got {ref}"
+    _, r, k = rewound[0]
+    assert 1 <= r < SILENT and 0 <= k < CFG.frames_per_chunk, \
+        f"the playout kept every chunk made from silence (r = {r}, k = {k}): nothing was rewound"
+    lead_in = (r * CFG.frames_per_chunk + k) * SR // CFG.fps - CFG.chunk_sample_range(r)[0]
+    ref = serve(tp, RunnerKind.GENERATOR, tmp_path / "reference", r, lead_in)
+    assert ref == [(r, r, 0)], f"the generator runner has no playout: its rewind is the next chunk, got {ref}"
 
     a, b = tmp_path / "rewound", tmp_path / "reference"
     for n in range(r + SPEAKING):
@@ -77,14 +81,16 @@ def test_a_turn_start_rewinds_every_rank_and_equals_the_speech_at_that_chunk(tp,
             f"TP = {tp}: chunk {n} of the rewound session differs from the session that had the speech at {r}"
 
     taken = [[(e["chunk"], e["speech_samples"]) for e in trace(d, 0) if e["event"] == "chunk"] for d in (a, b)]
-    assert taken[0][SILENT:] == taken[1][r:], "rank 0's audio input must give chunk r … the speech a fresh one gives"
+    ref_taken = [(c, s - lead_in if c == r else s) for c, s in taken[1][r:]]  # the reference pushed its lead-in
+    assert taken[0][SILENT:] == ref_taken, "rank 0's audio input must give chunk r … the speech a fresh one gives"
     for rank in range(tp):  # every DiT rank rewound at the same boundary and ran the same chunks
         t = trace(a, rank)
         assert [e["chunk"] for e in t if e["event"] == "rewind"] == [r], (rank, t)
         assert [e["chunk"] for e in t if e["event"] == "chunk"] == list(range(SILENT)) + list(range(r, r + SPEAKING))
     dec = trace(a, tp)
-    assert [(e["chunk"], e["next_chunk"]) for e in dec if e["event"] == "rewind"] == [(r, SILENT)]
+    assert [(e["chunk"], e["frame"], e["next_chunk"]) for e in dec if e["event"] == "rewind"] == [(r, k, SILENT)]
     assert dec[-1]["event"] == "end" and dec[-1]["error"] == "", dec[-1]
     playout = json.loads((a / SESSION.replace("/", "_") / "playout.json").read_text())
     assert playout["generated_frames_published"] == (r + SPEAKING) * CFG.frames_per_chunk, \
-        "the playout shows every chunk up to r − 1 once and then the speech from r, nothing dropped twice"
+        "the playout shows every frame before the cut once and then the speech from it, nothing dropped twice"
+    assert [(rw["to_chunk"], rw["to_frame"]) for rw in playout["rewinds"]] == [(r, k)]

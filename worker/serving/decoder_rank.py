@@ -11,10 +11,11 @@ Per session, by `RunnerKind`:
              avatar's AvatarRunner publishes through its AVSynchronizer at real time; the agent's speech, interrupts
              and end reasons go to rank 0 on the status queue), held to `lead_chunks` chunks ahead of publication.
 
-A turn start (REWIND from rank 0): the pipeline's playout drops what was not shown and not due within the lead
-rank 0 sent (`Playout.rewind`, the half-shown rule) and the rank answers the chunk r generation restarts at; the
-generator and livekit kinds have no playout here and answer rank 0's next chunk (no rewind: the room's decoder
-stage and its AVSynchronizer keep what they have). Latents received again for chunk r … replace the kept files.
+A turn start (REWIND from rank 0): the pipeline's playout drops every frame not shown and not due within the lead
+rank 0 sent, from f* = frame k of chunk r on (`Playout.splice`; every chunk still in its decoder stage is dropped),
+and the rank answers (r, k): generation restarts at chunk r, whose remade frames ≥ k are shown; the generator and
+livekit kinds have no playout here and answer rank 0's next chunk (no rewind: the room's decoder stage and its
+AVSynchronizer keep what they have). Latents received again for chunk r … replace the kept files.
 
 With `--out`, every kind also keeps the latents it received, and the pipeline keeps its playout report
 (`<out>/<session>/playout.json`: delivered fps, stalls, per-stage p50/p99 ms). A failure inside a session (a sink that cannot
@@ -91,8 +92,8 @@ class DecoderRank:
             elif m.op is Op.CHUNK:
                 self.chunk(m)
             elif m.op is Op.REWIND:
-                r, dropped = self.rewind(m)
-                self.link.send_rewind_answer(m.session, r, dropped)
+                r, k, dropped = self.rewind(m)
+                self.link.send_rewind_answer(m.session, r, dropped, k)
             elif m.op is Op.END:
                 self.link.send_ack(self.end(m))
 
@@ -158,20 +159,22 @@ class DecoderRank:
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
 
-    def rewind(self, m: LinkMessage) -> tuple[int, int]:
-        """(r, chunks dropped) for a REWIND (module docstring); a failed session answers "no rewind"."""
-        r, dropped = m.chunk, 0
+    def rewind(self, m: LinkMessage) -> tuple[int, int, int]:
+        """(r, k, chunks dropped) for a REWIND, the splice at frame k of chunk r (module docstring); a failed session
+        answers "no rewind" (the next chunk, 0)."""
+        r, k, dropped = m.chunk, 0, 0
         if self.playout is not None and not self.error and m.session == self.session:
             try:
                 # what the DiT made ahead and the decoder stage holds: the decode time is the rank's own
                 lead = m.lead_s + (max(self.playout.decoder.decode_ms[-8:], default=0.0) / 1e3)
-                r = self.playout.rewind(lead, oldest=m.oldest)
+                r, k = self.playout.splice(lead, oldest=m.oldest, keep_pending_due=False)
+                self.playout.record_rewind(m.chunk)
                 dropped = len(self.playout.rewinds[-1].dropped)
             except Exception as exc:  # noqa: BLE001
                 self._fail(exc)
-                r, dropped = m.chunk, 0
-        self.trace.write(event="rewind", session=m.session, chunk=r, next_chunk=m.chunk, dropped=dropped)
-        return r, dropped
+                r, k, dropped = m.chunk, 0, 0
+        self.trace.write(event="rewind", session=m.session, chunk=r, frame=k, next_chunk=m.chunk, dropped=dropped)
+        return r, k, dropped
 
     def end(self, m: LinkMessage) -> Ack:
         report = None

@@ -25,8 +25,10 @@ the `SessionRunner` the worker service drives (vivant.worker.serving.service): t
 Rewind at a turn start (docs/ARCHITECTURE.md): before taking a chunk whose first sample starts a new turn (the agent's
 speech after silence, after `lk.clear_buffer`, or a `--speak` file), rank 0 asks the decoder rank (REWIND on the
 link, with the lead to keep: a few recent diffuse times) where generation restarts; the decoder rank drops what was
-not shown (`Playout.rewind`) and answers r; rank 0 sends REWIND r to every DiT rank before the next CHUNK word, and
-rewinds its generator and its audio input to r, so the turn's speech is taken by chunk r. Runners without a playout
+not shown (`Playout.splice`: frames from f*, frame k of chunk r) and answers (r, k); rank 0 sends REWIND r to every
+DiT rank before the next CHUNK word, and rewinds its generator to r and its audio input to r keeping the samples
+chunk r took for its frames < k, so the turn's speech is taken by chunk r from frame k's first sample (the decoder
+rank shows the remade chunk r from frame k). Runners without a playout
 (generator, livekit) answer the next chunk: no rewind.
 
 Any failure of a collective or of a rank is a `RankFailure` naming the rank (the supervisor's reason when a
@@ -59,6 +61,7 @@ from vivant.worker.serving.runner import ChunkReport, PlayoutAccount, SessionFai
 from vivant.worker.serving.supervisor import RankFailure, Supervisor
 from vivant.worker.serving.wire import Ack, Control, ControlBus, DecoderLink, Op
 from vivant.worker.stream.audio_in import AudioInput, read_audio
+from vivant.worker.stream.pacer import PacerConfig
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -86,7 +89,7 @@ class RankRuntime:
         self._trace = SessionTrace(None, 0)
         self._open = False
         self._diffuse_ms: list[float] = []
-        self.rewinds: list[tuple[int, int]] = []  # (next chunk, r) of this session's rewinds
+        self.rewinds: list[tuple[int, int, int]] = []  # (next chunk, r, k) of this session's rewinds: frame k of r
 
     # ---- forming the ranks ------------------------------------------------------------------------------
     def start(self, ready_timeout_s: float = 600.0) -> RankRuntime:
@@ -253,15 +256,17 @@ class RankRuntime:
         gen, n = self.generator, self.generator.chunk
         oldest = max(gen.cache.oldest_rewind(), self._audio.oldest_rewind())
         lead_s = 1.5 * max(self._diffuse_ms, default=0.0) / 1e3  # time to diffuse chunk r again, with a margin
-        r, dropped = self._collective(lambda: self.link.request_rewind(self.sessions, n, lead_s, oldest))
+        r, k, dropped = self._collective(lambda: self.link.request_rewind(self.sessions, n, lead_s, oldest))
         if r != n:
             self._collective(lambda: self.bus.publish(Control(Op.REWIND, self.sessions, r)))
             gen.rewind(r)
-            self._audio.rewind(r)
-        self.rewinds.append((n, r))
-        self._trace.write(event="rewind", session=self.sessions, chunk=r, next_chunk=n, dropped=dropped)
-        log.info("session %d: a turn starts before chunk %d; rewound to chunk %d (%d chunks dropped)",
-                 self.sessions, n, r, dropped)
+            grid = PacerConfig.for_model(self.cfg)
+            self._audio.rewind(r, keep_samples=grid.frame_sample(r * grid.frames_per_chunk + k)
+                               - grid.chunk_sample_range(r)[0])
+        self.rewinds.append((n, r, k))
+        self._trace.write(event="rewind", session=self.sessions, chunk=r, frame=k, next_chunk=n, dropped=dropped)
+        log.info("session %d: a turn starts before chunk %d; rewound to frame %d of chunk %d (%d chunks dropped)",
+                 self.sessions, n, k, r, dropped)
 
     def end(self, reason: str) -> PlayoutAccount | None:
         """END on every rank; the decoder rank's acknowledgement is the playout's account (frames, stalls)."""

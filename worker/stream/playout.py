@@ -303,14 +303,14 @@ class Playout:
         between the two drops."""
         return self._rewind(min_lead_s, oldest, keep_pending_due, frames=False)[0]
 
-    def splice(self, min_lead_s: float = 0.0, *, oldest: int = 0) -> tuple[int, int]:
+    def splice(self, min_lead_s: float = 0.0, *, oldest: int = 0, keep_pending_due: bool = True) -> tuple[int, int]:
         """`rewind` at a frame (docs/ARCHITECTURE.md, "Rewind at a turn start"): f* = the first frame not published
         and due later than now + `min_lead_s`, in chunk m at index k (`Pacer.splice_unshown`; the chunks in the
-        decoder stage are judged whole, as by `rewind(keep_pending_due=True)`). Frames of m before k stay; the
+        decoder stage are judged whole, as by `rewind`, or all dropped without `keep_pending_due`). Frames of m before k stay; the
         decoder's causal state returns to after m − 1; returns (m, k). The producer makes chunk m again (its
         generator at m, its audio input at m keeping the samples of frames < k) and submits it; the pacer shows
         only its frames k.. . The rewind record carries k (`Rewind.frame`)."""
-        return self._rewind(min_lead_s, oldest, True, frames=True)
+        return self._rewind(min_lead_s, oldest, keep_pending_due, frames=True)
 
     def _rewind(self, min_lead_s: float, oldest: int, keep_pending_due: bool, *, frames: bool) -> tuple[int, int]:
         if not min_lead_s >= 0:
