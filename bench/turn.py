@@ -203,6 +203,7 @@ def summarize(report, plan: list[dict], cut_turn: int) -> dict:
         "interrupted_turn": turns[cut_turn] if cut_turn < len(turns) else None,
         "turn_after_interrupt": turns[cut_turn + 1] if cut_turn + 1 < len(turns) else None,
         "rewinds": len(report.rewinds),
+        "rewind_points": [[rw["to_chunk"], rw["to_frame"]] for rw in report.rewinds],  # the splice (chunk, frame k)
         "turns_rewound": sum(1 for t in turns if t["rewound_to"] is not None),
         "stalls": report.stalls,
         "stall_causes": {c: report.stall_causes.count(c) for c in sorted(set(report.stall_causes))},
@@ -282,6 +283,9 @@ def format_table(doc: dict) -> str:
     lines.append(f"  stalls {doc['stalls']} {doc['stall_causes']} (goal 0); |A/V| max after rewinds "
                  f"{'n/a' if av is None else f'{av:.2f}'} ms (goal ≤ {FRAME_MS:.1f}); lead {doc['lead_chunks']} "
                  f"chunks, changes {doc['lead_changes']}; {doc['delivered_fps']} fps delivered")
+    points = doc.get("rewind_points", [])
+    lines.append(f"  rewinds {doc['rewinds']}, {sum(1 for _, k in points if k)} of them inside a chunk (frame k > 0); "
+                 f"k: {[k for _, k in points]}")
     for key in ("interrupted_turn", "turn_after_interrupt"):
         t = doc[key]
         if t is not None:

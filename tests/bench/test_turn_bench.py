@@ -27,6 +27,7 @@ def test_bench_turn_tiny_writes_every_field(tmp_path, capsys):
     stages = doc["stages_ms"]
     assert list(stages) == ["rewound", "diffused", "decoded", "published"]
     assert doc["turns_rewound"] == doc["rewinds"] == 3 and stages["rewound"]["n"] == 3
+    assert len(doc["rewind_points"]) == 3 and all(0 <= k < 4 for _, k in doc["rewind_points"])
     assert stages["published"]["n"] == doc["turns_published"] >= 2
     assert stages["rewound"]["p50"] <= stages["diffused"]["p50"] <= stages["decoded"]["p50"] <= stages["published"]["p50"]
     assert doc["share_ms"] == stages["published"]
@@ -37,6 +38,7 @@ def test_bench_turn_tiny_writes_every_field(tmp_path, capsys):
     assert doc["max_abs_av_offset_after_rewind_ms"] is not None and doc["max_abs_av_offset_after_rewind_ms"] < 1000 / 24
     assert doc["delivered_fps"] > 0 and doc["chunks_generated"] >= doc["chunks"]
     assert "share of a turn p50" in printed and "turn after interrupt: turn 2 rewound" in printed
+    assert "rewinds 3, " in printed and "inside a chunk (frame k > 0)" in printed
 
 
 @pytest.mark.parametrize("argv, match", [
