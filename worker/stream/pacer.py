@@ -341,7 +341,8 @@ class Pacer:
         c = self.config
         with self._cond:
             if pending_until is not None and pending_until < self._next_chunk:
-                raise ValueError(f"drop_unstarted pending_until = {pending_until}; expected ≥ {self._next_chunk} (the "
+                raise ValueError(f"{'splice_unshown' if frames else 'drop_unstarted'} pending_until = {pending_until}; "
+                                 f"expected ≥ {self._next_chunk} (the "
                                  f"next chunk to push: the chunks upstream come after those pushed)")
             keep: deque[_Entry] = deque()
             r = max(self._next_chunk, oldest)  # nothing buffered dropped: the first frame not pushed (or oldest)
