@@ -70,10 +70,14 @@ def rewound():
     return pipe, sink, report
 
 
+def turn_rewinds(report) -> list[dict]:
+    return [r for r in report.rewinds if r["cause"] == "turn"]
+
+
 def test_each_turn_rewinds_and_dropped_chunks_are_never_published(rewound):
     pipe, sink, report = rewound
-    assert len(report.rewinds) == 3, report.rewinds
-    assert [t.rewound_to for t in pipe.turn_traces()] == [r["to_chunk"] for r in report.rewinds]
+    assert [r["cause"] for r in report.rewinds] == ["turn", "turn", "interrupt", "turn"], report.rewinds
+    assert [t.rewound_to for t in pipe.turn_traces()] == [r["to_chunk"] for r in turn_rewinds(report)]
     for r in report.rewinds:
         assert r["to_chunk"] <= r["from_chunk"], r
     first = report.rewinds[0]
@@ -81,11 +85,21 @@ def test_each_turn_rewinds_and_dropped_chunks_are_never_published(rewound):
     dropped = sum(r["from_chunk"] - r["to_chunk"] for r in report.rewinds)
     assert report.chunks == CHUNKS and report.chunks_generated == CHUNKS + dropped
     content = [f.content_index for f in sink.frames if not f.repeated]
-    discarded = set(report.discarded_chunks)
-    kept_before = {r["to_chunk"]: r["to_frame"] for r in report.rewinds}  # a spliced chunk's frames < k were shown
-    expected = [f for n in range(CHUNKS) for f in range(4 * n, 4 * n + 4)
-                if n not in discarded or f < 4 * n + kept_before.get(n, 0)]
-    assert content == expected, "each frame published once, in order: a dropped version never reaches the sink"
+    # the interrupt is a splice too: its chunks are made again, so every content frame is published once
+    assert content == list(range(4 * CHUNKS)), "each frame published once, in order: a dropped version never shows"
+
+
+def test_the_interrupt_cuts_the_speech_at_its_splice_frame(rewound):
+    _, sink, report = rewound
+    cut = next(r for r in report.rewinds if r["cause"] == "interrupt")
+    f_star = 4 * cut["to_chunk"] + cut["to_frame"]
+    turn2 = turn_rewinds(report)[2]
+    after = [f for f in sink.frames
+             if not f.repeated and f_star <= f.content_index < 4 * turn2["to_chunk"] + turn2["to_frame"]]
+    assert after and not np.concatenate([f.audio for f in after]).any(), "silence from the interrupt's frame f*"
+    before = next(f for f in sink.frames if not f.repeated and f.content_index == f_star - 1)
+    assert before.audio.any(), "turn 1 spoke up to f* (3 s of speech, interrupted after 4 chunks)"
+    assert set(report.discarded_chunks) <= set(cut["dropped"]) and report.discarded_frames > 0
 
 
 def test_the_speech_starts_at_the_rewound_chunk_and_the_trace_has_every_stage_in_order(rewound):
@@ -93,7 +107,7 @@ def test_the_speech_starts_at_the_rewound_chunk_and_the_trace_has_every_stage_in
     frames = generated(sink)
     traces = pipe.turn_traces()
     assert [t.turn for t in traces] == [0, 1, 2]
-    for trace, rewind in zip(traces, report.rewinds, strict=True):
+    for trace, rewind in zip(traces, turn_rewinds(report), strict=True):
         r, k = rewind["to_chunk"], rewind["to_frame"]
         assert trace.rewound_to == r and 0 <= k < 4
         if trace.turn != 1:  # after silence or an interrupt the speech starts at the cut
@@ -137,7 +151,7 @@ def test_spliced_frames_equal_a_stream_that_got_the_speech_at_the_cut(rewound):
             p.audio_in.push(np.concatenate([lead_in, speech(1.0)]), SR)
             p.audio_in.end_segment()
 
-    end = report.rewinds[1]["to_chunk"]  # where A's turn 1 begins; up to there both got the same audio
+    end = turn_rewinds(report)[1]["to_chunk"]  # where A's turn 1 begins; up to there both got the same audio
     assert end > r + 3
     sink_b, sink_silent = CollectingSink(), CollectingSink()
     pipeline(sink_b, rewind_on_turn=False).run(end, script)

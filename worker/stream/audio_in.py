@@ -21,7 +21,9 @@ taken again. The last `history_chunks` chunks can be rewound.
 
 Splice (`rewind(m, keep_samples=K)`, the rewind at a frame): chunk m was partly shown, so the samples it took for its
 first frames, [0, K) of the chunk, stay as they were (speech and silence alike) and are taken again by chunk m; the
-speech it took from sample K on goes back to the queue, and the queued speech fills chunk m from sample K.
+speech it took from sample K on goes back to the queue, and the queued speech fills chunk m from sample K. An
+interrupt is spliced the same way: the speech taken before `clear_buffer` is discarded, not queued again (it counts in
+`cleared_samples`), so chunk m is made again with its kept prefix and silence from sample K.
 
 Rates: PCM at the configured rate (16 kHz default) is taken as is; other rates are resampled with
 libswresample (PyAV) when `resample=True`, else rejected with an error naming the expected rate.
@@ -219,7 +221,9 @@ class AudioInput:
                 self._give_back(pieces, taken.clears)
             self._kept_samples = keep_samples
             self._next = to_chunk
-            self._last_had_speech = bool(self._taken) and any(len(p.pcm) for p in self._taken[-1].pieces)
+            # the chunk now last taken spoke, and was not interrupted since (after clear_buffer a new turn may rewind)
+            self._last_had_speech = bool(self._taken) and self._taken[-1].clears == self._clears and \
+                any(len(p.pcm) for p in self._taken[-1].pieces)
             if self.last_cut_chunk is not None and self.last_cut_chunk > to_chunk:
                 self.last_cut_chunk = to_chunk
 
@@ -297,7 +301,7 @@ class AudioInput:
             self._pending_samples -= got
             if self.history_chunks:
                 self._taken.append(_Taken(n, pieces, self._clears, offsets))
-            self._last_had_speech = got + kept_speech > 0
+            self._last_had_speech = got > 0 or (kept_speech > 0 and kept.clears == self._clears)
             self._next += 1
             return ChunkAudio(index=n, samples=out, speech_samples=got + kept_speech, turns=turns)
 

@@ -12,10 +12,14 @@ needs one frame every 41.67 ms. The pacer sits between them:
 * bounded: at most `buffer_chunks` chunks wait. `push` on a full buffer raises `PacerFull` (the
   producer is ahead of real time and should wait with `wait_for_space`); a chunk out of order raises.
   Every generated frame is published exactly once; repeats are marked `repeated=True`.
-* interruption: `discard_speech_before(n)` drops the not-yet-started chunks with index < n that carry
-  speech (the chunk on screen finishes), so an interrupted character stops talking within one chunk
-  of playout. The drop is recorded (`stats().discards`) and the gap until the next chunk is a stall
-  of cause "interrupt" (a late generator's stall has cause "late").
+* interruption: with rewinds, an interrupt is a splice (`splice_unshown(..., interrupt=True)`, below): the frames
+  from f* on are dropped and the producer makes chunk m again from silence, so the face stops talking at f* without a
+  held frame; the drop is recorded (`stats().discards`) and a gap at the cut (the remade chunk late) is a stall of
+  cause "interrupt" (a late generator's stall elsewhere has cause "late"). Without rewinds,
+  `discard_speech_before(n)` drops the not-yet-started chunks with index < n that carry speech (the chunk on
+  screen finishes) and nothing is made again: the gap until the next chunk is a stall of cause "interrupt".
+* discarded frames: `stats().discarded_frames` counts the frames the pacer received and never published (dropped by a
+  cut or an interruption, and a remade chunk's frames before its k); chunks dropped upstream never became frames.
 * rewind: `drop_unstarted(keep_until_s)` drops every buffered chunk not begun and due after `keep_until_s`, so a
   speech turn's chunks can be generated again in their place (docs/ARCHITECTURE.md, "Rewind at a turn start"); a
   chunk with at least one frame published is shown and plays to its end (the half-shown rule); chunks still upstream
@@ -164,12 +168,13 @@ class Rewind:
     """One rewind at a turn start: when (clock s), the chunk generation restarted at, and the chunks dropped
     (decoded ones from the pacer's buffer, and ones still in the decoder stage). `frame`: the splice's k, the first
     frame of `to_chunk` replaced (0: the whole chunk; k > 0: its frames < k were kept, and `dropped` lists
-    `to_chunk` for its frames ≥ k)."""
+    `to_chunk` for its frames ≥ k). `cause`: why the stream was cut there."""
 
     at_s: float
     to_chunk: int
     dropped: list[int]
     frame: int = 0
+    cause: str = "turn"  # "turn": a speech turn starts; "interrupt": `clear_buffer` (the speech is cut at the frame)
 
 
 @dataclass
@@ -198,14 +203,11 @@ class PacerStats:
     t0: float | None
     discards: list[Discard]
     frames_per_chunk: int
+    discarded_frames: int = 0  # frames received and never published (module docstring, "discarded frames")
 
     @property
     def stall_count(self) -> int:
         return len(self.stalls)
-
-    @property
-    def discarded_frames(self) -> int:
-        return sum(len(d.chunks) for d in self.discards) * self.frames_per_chunk
 
 
 class Pacer:
@@ -234,6 +236,8 @@ class Pacer:
         self._discard_below = 0  # speech chunks with a smaller index are dropped on arrival
         self._retired = -1  # highest chunk index that started playing or was discarded
         self._interrupted = False  # an interruption emptied the buffer; the next stall is its gap
+        self._interrupt_cut: int | None = None  # an interrupt's splice frame f*, until a frame ≥ f* is published
+        self._discarded_frames = 0  # frames received and never published
 
     # ---- producer side ------------------------------------------------------------------------------
     def depth(self) -> int:
@@ -272,10 +276,12 @@ class Pacer:
             if chunk.index < self._discard_below and chunk.audio.any():
                 self._next_chunk += 1
                 self._discards[-1].chunks.append(chunk.index)
+                self._discarded_frames += c.frames_per_chunk
                 self._cond.notify_all()
                 return
             if len(self._chunks) >= c.buffer_chunks:
                 raise PacerFull(f"jitter buffer full ({c.buffer_chunks} chunks); chunk {chunk.index} not taken")
+            self._discarded_frames += first  # a remade chunk's frames before its k are never shown
             self._chunks.append(_Entry(chunk, first, c.frames_per_chunk))
             self._next_chunk += 1
             self._depth.append((self.clock.now(), len(self._chunks)))
@@ -295,6 +301,7 @@ class Pacer:
                 started = i == 0 and self._frame_in_chunk > 0
                 if entry.chunk.index < index and entry.chunk.audio.any() and not started:
                     dropped.append(entry.chunk.index)
+                    self._discarded_frames += entry.frames
                 else:
                     keep.append(entry)
             self._chunks = keep
@@ -321,8 +328,8 @@ class Pacer:
         below `oldest` are always kept (the producer cannot rewind further than its undo logs hold)."""
         return self._cut(keep_until_s, oldest, pending_until, frames=False)[0]
 
-    def splice_unshown(self, keep_until_s: float, *, oldest: int = 0,
-                       pending_until: int | None = None) -> tuple[int, int]:
+    def splice_unshown(self, keep_until_s: float, *, oldest: int = 0, pending_until: int | None = None,
+                       interrupt: bool = False) -> tuple[int, int]:
         """`drop_unstarted` at a frame (module docstring, "splice"): f* = the first buffered frame not published and
         due later than `keep_until_s`, in chunk m (≥ `oldest`) at index k. Frames of m before k stay, frames k.. of m
         and every later chunk are dropped; returns (m, k). The next chunk pushed is m; when k > 0 only its frames
@@ -331,11 +338,15 @@ class Pacer:
         Chunks upstream (`pending_until`, no buffered frame dropped) are judged whole, as by `drop_unstarted`: one
         whose first frame is due within `keep_until_s` is kept entire (its decode is under way; cutting it would
         need the decoder to deliver it and then rewind behind it). Before playout has started every buffered chunk
-        is dropped: (first buffered, 0)."""
-        return self._cut(keep_until_s, oldest, pending_until, frames=True)
+        is dropped: (first buffered, 0).
+
+        `interrupt`: the cut is an interruption's (the producer makes chunk m again from silence from frame k): the
+        buffered chunks that lost frames are recorded as a `Discard`, and a gap right at the cut (the last frame
+        published is f* − 1 and the remade frame f* is not there) is a stall of cause "interrupt"."""
+        return self._cut(keep_until_s, oldest, pending_until, frames=True, interrupt=interrupt)
 
     def _cut(self, keep_until_s: float, oldest: int, pending_until: int | None, *,
-             frames: bool) -> tuple[int, int]:
+             frames: bool, interrupt: bool = False) -> tuple[int, int]:
         """The rewind's cut, (m, k) (see `drop_unstarted` and `splice_unshown`); `frames` False: only whole chunks
         not begun are dropped (k is then the dropped entry's own first frame, 0 unless it was spliced)."""
         c = self.config
@@ -349,6 +360,7 @@ class Pacer:
             cut = (r, self._skip[1] if self._skip is not None and self._skip[0] == r else 0)
             ahead = 0  # unpublished frames before the entry judged (the next slot is the first of them)
             head_done = False  # the head entry's published frames are all it keeps: it is finished
+            lost: list[int] = []  # buffered chunks that lose frames
             for i, entry in enumerate(self._chunks):
                 done = self._frame_in_chunk if i == 0 else 0
                 j = None if entry.chunk.index < oldest else self._first_due_after(entry, done, ahead, keep_until_s)
@@ -363,6 +375,9 @@ class Pacer:
                 elif done:
                     head_done = True
                 cut = (entry.chunk.index, j)
+                later = list(self._chunks)[i + 1:]
+                self._discarded_frames += entry.stop - j + sum(e.frames for e in later)
+                lost = [entry.chunk.index] + [e.chunk.index for e in later]
                 break
             else:  # nothing buffered dropped: the chunks upstream, in order, until one is due after the horizon
                 if self.t0 is not None and pending_until is not None:
@@ -384,6 +399,9 @@ class Pacer:
                 self._skip = None
             self._discard_below = min(self._discard_below, m)
             self._retired = min(self._retired, m if k > 0 else m - 1)  # m's frames < k stay shown (or to show)
+            if interrupt:
+                self._discards.append(Discard(self.clock.now(), lost))
+                self._interrupt_cut = m * c.frames_per_chunk + k
             self._depth.append((self.clock.now(), len(self._chunks)))
             self._cond.notify_all()
             return m, k
@@ -473,6 +491,8 @@ class Pacer:
         frame = PublishedFrame(self._slot, pts, chunk.index, f, False, chunk.frames[j], audio, due, now, offset)
         if j == entry.first:  # a chunk starts: any gap after this one is the generator's, not the interruption's
             self._interrupted = False
+        if self._interrupt_cut is not None and f >= self._interrupt_cut:
+            self._interrupt_cut = None  # the remade frame f* (or a later one) is out: the interrupt left no gap
         self._retired = max(self._retired, chunk.index)
         self._generated += 1
         self._frame_in_chunk += 1
@@ -487,8 +507,9 @@ class Pacer:
         last = self._last
         assert last is not None, "a stall before the first frame cannot happen: start-up waits for chunks"
         if not self._stalls or self._stalls[-1].ended_s is not None:
+            at_cut = self._interrupt_cut is not None and last.content_index == self._interrupt_cut - 1
             self._stalls.append(Stall(first_slot=self._slot, due_s=due,
-                                      cause="interrupt" if self._interrupted else "late"))
+                                      cause="interrupt" if self._interrupted or at_cut else "late"))
         self._stalls[-1].frames += 1
         n = max(0, self._slot_audio_end(self._slot) - self._audio_out)
         self._audio_out += n
@@ -519,5 +540,6 @@ class Pacer:
                 t0=self.t0,
                 discards=[Discard(d.at_s, list(d.chunks)) for d in self._discards],
                 frames_per_chunk=self.config.frames_per_chunk,
+                discarded_frames=self._discarded_frames,
             )
 

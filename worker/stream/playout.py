@@ -125,7 +125,7 @@ class StreamReport:
     stalls: int
     stall_frames: list[int]
     stall_causes: list[str]  # "late" (generation behind) or "interrupt" (gap after discarded speech)
-    discarded_chunks: list[int]  # speech chunks dropped by interruptions
+    discarded_chunks: list[int]  # chunks whose decoded frames an interruption dropped (all or those from its cut)
     delivered_fps: float  # generated frames per second of live playout
     real_time_factor: float  # busiest stage's compute seconds per content second (≤ 1 keeps up)
     production_real_time_factor: float  # wall production s per content s (lead-limited when ahead)
@@ -136,11 +136,13 @@ class StreamReport:
     speech_samples_in: int
     cleared_samples: int
     chunks_generated: int = 0  # chunks diffused, those dropped by rewinds included
-    rewinds: list[dict] = field(default_factory=list)  # per rewind: from_chunk, to_chunk, to_frame, dropped, at_s (s since t0)
+    rewinds: list[dict] = field(default_factory=list)  # per rewind: from_chunk, to_chunk, to_frame, dropped, at_s (s since
+    # t0), cause ("turn" or "interrupt")
     lead_chunks: int = 0  # the lead at the end of the stream
     lead_changes: list[tuple[int, int]] = field(default_factory=list)  # (chunk index, lead from then on)
     max_abs_av_offset_after_rewind_ms: float | None = None  # over generated frames of rewound chunks
     turn_stages_ms: dict[str, dict] = field(default_factory=dict)  # TURN_STAGES: ms from audio in, over turns
+    discarded_frames: int = 0  # frames decoded and never published (cut by a rewind or an interrupt: Pacer's count)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -151,7 +153,8 @@ class StreamReport:
             f"  live playout: {self.generated_frames_published} generated frames in {self.playout_seconds:.2f} s "
             f"= {self.delivered_fps:.2f} fps delivered; {self.stalls} stalls "
             f"({self.stall_causes.count('late')} late, {self.stall_causes.count('interrupt')} after an interrupt), "
-            f"{self.repeated_frames} repeated frames; {len(self.discarded_chunks)} speech chunks discarded by interrupts",
+            f"{self.repeated_frames} repeated frames; {self.discarded_frames} decoded frames never shown "
+            f"({len(self.discarded_chunks)} chunks cut by interrupts)",
             f"  real-time factor {self.real_time_factor:.2f} (busiest stage's compute s per s of video; ≤ 1 keeps "
             f"up); wall production {self.production_seconds:.2f} s for {self.content_seconds:.2f} s of video",
             f"  A/V offset: max |offset| {self.max_abs_av_offset_ms:.3f} ms (one frame = {1000 / 24:.1f} ms); after "
@@ -303,25 +306,34 @@ class Playout:
         between the two drops."""
         return self._rewind(min_lead_s, oldest, keep_pending_due, frames=False)[0]
 
-    def splice(self, min_lead_s: float = 0.0, *, oldest: int = 0, keep_pending_due: bool = True) -> tuple[int, int]:
+    def splice(self, min_lead_s: float = 0.0, *, oldest: int = 0, keep_pending_due: bool = True,
+               cause: str = "turn") -> tuple[int, int]:
         """`rewind` at a frame (docs/ARCHITECTURE.md, "Rewind at a turn start"): f* = the first frame not published
         and due later than now + `min_lead_s`, in chunk m at index k (`Pacer.splice_unshown`; the chunks in the
         decoder stage are judged whole, as by `rewind`, or all dropped without `keep_pending_due`). Frames of m before k stay; the
         decoder's causal state returns to after m − 1; returns (m, k). The producer makes chunk m again (its
         generator at m, its audio input at m keeping the samples of frames < k) and submits it; the pacer shows
-        only its frames k.. . The rewind record carries k (`Rewind.frame`)."""
-        return self._rewind(min_lead_s, oldest, keep_pending_due, frames=True)
+        only its frames k.. . The rewind record carries k (`Rewind.frame`) and `cause`: "turn" (a speech turn starts)
+        or "interrupt" (`clear_buffer`: the producer makes chunk m again from silence from frame k, so the speech stops
+        at the cut without a held frame; `Pacer.splice_unshown(interrupt=True)` records the discard)."""
+        if cause not in ("turn", "interrupt"):
+            raise ValueError(f"splice cause = {cause!r}; expected 'turn' or 'interrupt'")
+        return self._rewind(min_lead_s, oldest, keep_pending_due, frames=True, cause=cause)
 
-    def _rewind(self, min_lead_s: float, oldest: int, keep_pending_due: bool, *, frames: bool) -> tuple[int, int]:
+    def _rewind(self, min_lead_s: float, oldest: int, keep_pending_due: bool, *, frames: bool,
+                cause: str = "turn") -> tuple[int, int]:
         if not min_lead_s >= 0:
             raise ValueError(f"rewind min_lead_s = {min_lead_s!r}; expected seconds ≥ 0")
         with self.decoder.lock:
             buffered = self.pacer.buffered_indices()
             oldest = max(oldest, self.decoder.oldest_rewind())
-            cut = self.pacer.splice_unshown if frames else self.pacer.drop_unstarted
-            res = cut(self.clock.now() + min_lead_s, oldest=oldest,
-                      pending_until=self.submitted if keep_pending_due else None)
-            r, k = res if frames else (res, 0)
+            pending = self.submitted if keep_pending_due else None
+            if frames:
+                r, k = self.pacer.splice_unshown(self.clock.now() + min_lead_s, oldest=oldest, pending_until=pending,
+                                                 interrupt=cause == "interrupt")
+            else:
+                r, k = self.pacer.drop_unstarted(self.clock.now() + min_lead_s, oldest=oldest,
+                                                 pending_until=pending), 0
             self.decoder.rewind(r)
             dropped = sorted({i for i in buffered if i >= r} | set(self.decoder.rewind_dropped))
             self.submitted = min(self.submitted, r)
@@ -331,7 +343,7 @@ class Playout:
                 del self._chunk_times[index]
             for frame in [f for f in self._turn_by_frame if f >= first_dropped]:
                 del self._turn_by_frame[frame]
-            self.rewinds.append(Rewind(self.clock.now(), r, dropped, frame=k))
+            self.rewinds.append(Rewind(self.clock.now(), r, dropped, frame=k, cause=cause))
         return r, k
 
     def finish(self) -> None:
@@ -479,10 +491,10 @@ class Playout:
             turns=turns, speech_samples_in=speech_samples_in, cleared_samples=cleared_samples,
             chunks_generated=chunks if chunks_generated is None else chunks_generated,
             rewinds=[{"from_chunk": from_chunk, "to_chunk": rw.to_chunk, "to_frame": rw.frame, "dropped": rw.dropped,
-                      "at_s": round(rw.at_s - t0, 4)}
+                      "at_s": round(rw.at_s - t0, 4), "cause": rw.cause}
                      for from_chunk, rw in zip(self._rewind_from, self.rewinds, strict=False)],
             lead_chunks=self.lead.lead, lead_changes=list(self.lead.changes),
             max_abs_av_offset_after_rewind_ms=(None if self._max_av_after_rewind is None
                                                else self._max_av_after_rewind * 1e3),
-            turn_stages_ms=turn_stage_percentiles(turns),
+            turn_stages_ms=turn_stage_percentiles(turns), discarded_frames=stats.discarded_frames,
         )
