@@ -28,6 +28,7 @@ def test_bench_turn_tiny_writes_every_field(tmp_path, capsys):
     assert list(stages) == ["rewound", "diffused", "decoded", "published"]
     assert doc["turns_rewound"] == doc["rewinds"] == 3 and stages["rewound"]["n"] == 3
     assert len(doc["rewind_points"]) == 3 and all(0 <= k < 4 for _, k in doc["rewind_points"])
+    assert len(doc["interrupt_points"]) == 1 and 0 <= doc["interrupt_points"][0][1] < 4, "the interrupt is spliced"
     assert stages["published"]["n"] == doc["turns_published"] >= 2
     assert stages["rewound"]["p50"] <= stages["diffused"]["p50"] <= stages["decoded"]["p50"] <= stages["published"]["p50"]
     assert doc["share_ms"] == stages["published"]
