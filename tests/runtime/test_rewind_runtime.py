@@ -94,3 +94,59 @@ def test_a_turn_start_rewinds_every_rank_and_equals_the_speech_at_that_chunk(tp,
     assert playout["generated_frames_published"] == (r + SPEAKING) * CFG.frames_per_chunk, \
         "the playout shows every frame before the cut once and then the speech from it, nothing dropped twice"
     assert [(rw["to_chunk"], rw["to_frame"]) for rw in playout["rewinds"]] == [(r, k)]
+
+
+def long_speech() -> np.ndarray:
+    t = np.arange(int(3.0 * SR)) / SR
+    return (0.4 * np.sin(2 * np.pi * 150 * t) + 0.02).astype(np.float32)  # never 0
+
+
+def serve_interrupted(tp: int, runner: RunnerKind, out: Path, steps: int, spoken: int | None,
+                      cut_sample: int | None = None) -> list[tuple[int, int, int]]:
+    """One session: 3 s of speech queued before chunk 0 (only its first `cut_sample` samples when given); with
+    `spoken`, after that many chunks an interrupt — `AudioInput.clear_buffer`, as the room feed applies
+    lk.clear_buffer — then the rest of `steps` chunks. Returns rank 0's rewinds (next, r, k)."""
+    spec = RankSpec(layout=RankLayout(tp=tp), init_method=f"tcp://127.0.0.1:{free_port()}", runner=runner,
+                    out_dir=str(out), timeout_s=60.0)
+    rt = RankRuntime(spec).start(ready_timeout_s=300)
+    try:
+        rt.begin(assignment(SESSION), FlagValues())
+        rt.audio_in.push(long_speech()[:cut_sample], SR)
+        rt.audio_in.end_segment()
+        for step in range(steps):
+            if step == spoken:
+                rt.audio_in.clear_buffer()
+            rt.step()
+        rewinds = list(rt.rewinds)
+        rt.end("test done")
+    finally:
+        rt.shutdown()
+    return rewinds
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_an_interrupt_splices_every_rank_and_equals_a_session_that_got_silence_from_the_cut(tp, tmp_path):
+    """The speech is cut at the decoder rank's splice frame f* = frame k of chunk r: every chunk the session finally
+    made equals a session that had the speech only up to f*'s first sample, from the start (np.array_equal)."""
+    spoken = 6
+    a, b = tmp_path / "interrupted", tmp_path / "reference"
+    rewound = serve_interrupted(tp, RunnerKind.PIPELINE, a, spoken + SPEAKING, spoken)
+    assert len(rewound) == 1 and rewound[0][0] == spoken, rewound
+    _, r, k = rewound[0]
+    assert 1 <= r < spoken and 0 <= k < CFG.frames_per_chunk, \
+        f"the playout kept every chunk made before the interrupt (r = {r}, k = {k}): nothing was cut"
+    cut = (r * CFG.frames_per_chunk + k) * SR // CFG.fps  # f*'s first sample (the speech began at sample 0)
+    assert serve_interrupted(tp, RunnerKind.GENERATOR, b, r + SPEAKING, None, cut) == []
+    for n in range(r + SPEAKING):
+        assert np.array_equal(latents(a, n), latents(b, n)), \
+            f"TP = {tp}: chunk {n} of the interrupted session differs from the one that got silence from frame {k} of {r}"
+    for rank in range(tp):
+        t = trace(a, rank)
+        assert [e["chunk"] for e in t if e["event"] == "rewind"] == [r], (rank, t)
+    dec = [e for e in trace(a, tp) if e["event"] == "rewind"]
+    assert [(e["chunk"], e["frame"], e["cause"]) for e in dec] == [(r, k, "interrupt")]
+    assert [e["cause"] for e in trace(a, 0) if e["event"] == "rewind"] == ["interrupt"]
+    playout = json.loads((a / SESSION.replace("/", "_") / "playout.json").read_text())
+    assert [(rw["to_chunk"], rw["to_frame"], rw["cause"]) for rw in playout["rewinds"]] == [(r, k, "interrupt")]
+    assert playout["generated_frames_published"] == (r + SPEAKING) * CFG.frames_per_chunk, \
+        "every content frame shown once: the frames from the cut are the remade ones"

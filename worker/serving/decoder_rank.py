@@ -167,13 +167,15 @@ class DecoderRank:
             try:
                 # what the DiT made ahead and the decoder stage holds: the decode time is the rank's own
                 lead = m.lead_s + (max(self.playout.decoder.decode_ms[-8:], default=0.0) / 1e3)
-                r, k = self.playout.splice(lead, oldest=m.oldest, keep_pending_due=False)
+                r, k = self.playout.splice(lead, oldest=m.oldest, keep_pending_due=False,
+                                           cause="interrupt" if m.interrupt else "turn")
                 self.playout.record_rewind(m.chunk)
                 dropped = len(self.playout.rewinds[-1].dropped)
             except Exception as exc:  # noqa: BLE001
                 self._fail(exc)
                 r, k, dropped = m.chunk, 0, 0
-        self.trace.write(event="rewind", session=m.session, chunk=r, frame=k, next_chunk=m.chunk, dropped=dropped)
+        self.trace.write(event="rewind", session=m.session, chunk=r, frame=k, next_chunk=m.chunk, dropped=dropped,
+                         cause="interrupt" if m.interrupt else "turn")
         return r, k, dropped
 
     def end(self, m: LinkMessage) -> Ack:

@@ -244,6 +244,13 @@ class AudioInput:
     def next_index(self) -> int:
         return self._next
 
+    @property
+    def clears(self) -> int:
+        """How many interrupts (`clear_buffer` calls) this input has had: a generation loop on another thread than
+        the transport compares it between chunks to splice at an interrupt (vivant.worker.serving.runtime)."""
+        with self._lock:
+            return self._clears
+
     def turn_starts_next(self) -> bool:
         """Whether the next chunk begins with a new turn's first sample (the front of the queue starts a turn) and
         the chunk before it was silent, so what was made ahead of playback was made from silence: where a served
