@@ -17,7 +17,7 @@ from vivant.worker.model.generator import ChunkGenerator
 from vivant.worker.model.model import VideoDiT, init_random_
 from vivant.worker.stream.audio_in import AudioInput
 from vivant.worker.stream.decoder_stage import LatentChunk
-from vivant.worker.stream.pacer import DecodedChunk, FakeClock, Pacer, PacerConfig
+from vivant.worker.stream.pacer import DecodedChunk, FakeClock, Pacer, PacerConfig, PacerFull
 from vivant.worker.stream.playout import Playout
 from vivant.worker.stream.vae import VAEConfig, build_vae_decoder
 
@@ -144,6 +144,22 @@ def test_a_splice_before_the_remake_is_pushed_cuts_at_the_first_frame_not_pushed
     pacer.push(decoded(1, mark=100))
     clock.set(7 / FPS)
     assert shown(pacer.poll()) == [(1, 1), (2, 2), (3, 103)] + [(4 + j, 104 + j) for j in range(4)]
+
+
+def test_a_refused_push_of_the_remade_chunk_keeps_its_k():
+    """A cut inside the last buffered chunk leaves the buffer full (chunks 0, 1 and chunk 2's frames < 2): the remade
+    chunk 2 is refused (PacerFull) and pushed again once chunk 0 has played; it still plays from frame 2."""
+    pacer, clock = started()
+    assert pacer.splice_unshown(9.5 / FPS) == (2, 2)
+    with pytest.raises(PacerFull):
+        pacer.push(decoded(2, mark=100))
+    clock.set(4 / FPS)
+    frames = pacer.poll()
+    pacer.push(decoded(2, mark=100))
+    clock.set(11 / FPS)
+    frames += pacer.poll()
+    assert shown(frames) == [(f, f) for f in range(1, 10)] + [(10, 110), (11, 111)]
+    assert pacer.stats().discarded_frames == 2 + 2, "the old chunk 2's frames 2, 3 and the remake's frames 0, 1"
 
 
 def test_a_splice_judges_the_chunks_in_the_decoder_whole():

@@ -269,11 +269,9 @@ class Pacer:
                 raise ValueError(f"chunk {chunk.index}: the pacer's input was closed")
             if chunk.index != self._next_chunk:
                 raise ValueError(f"chunk index: expected {self._next_chunk} (chunks arrive in order), got {chunk.index}")
-            first = 0
-            if self._skip is not None and chunk.index >= self._skip[0]:
-                first = self._skip[1] if chunk.index == self._skip[0] else 0
-                self._skip = None
+            first = self._skip[1] if self._skip is not None and chunk.index == self._skip[0] else 0
             if chunk.index < self._discard_below and chunk.audio.any():
+                self._skip = None
                 self._next_chunk += 1
                 self._discards[-1].chunks.append(chunk.index)
                 self._discarded_frames += c.frames_per_chunk
@@ -281,6 +279,8 @@ class Pacer:
                 return
             if len(self._chunks) >= c.buffer_chunks:
                 raise PacerFull(f"jitter buffer full ({c.buffer_chunks} chunks); chunk {chunk.index} not taken")
+            # the splice's k holds until its chunk is taken (a refused push keeps it for the retry)
+            self._skip = None
             self._discarded_frames += first  # a remade chunk's frames before its k are never shown
             self._chunks.append(_Entry(chunk, first, c.frames_per_chunk))
             self._next_chunk += 1
