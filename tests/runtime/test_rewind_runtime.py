@@ -22,12 +22,17 @@ from vivant.worker.model.config import ModelConfig
 from vivant.worker.serving.layout import RankLayout
 from vivant.worker.serving.ranks import RankSpec, RunnerKind
 from vivant.worker.serving.runtime import RankRuntime
+from vivant.worker.stream.vae import VAEConfig
 from worker_proc import assignment
 
 CFG = ModelConfig.from_name("tiny")
 SR = CFG.audio_sample_rate
-SILENT, SPEAKING = 6, 4  # chunks of silence before the speech arrives; chunks taken after it
+SILENT, SPEAKING = 10, 4  # chunks of silence before the speech arrives (rank 0's warm-up chunks, slower, then
+# out of the 8 diffuse times its rewind lead is taken from); chunks taken after it
 SESSION = "ns/rewind"
+# the decoder rank's VAE: the tiny grid with small widths, so decode (a few ms) keeps up on CPU and the chunks made
+# ahead sit in the pacer, not in the decoder stage (whose chunks due within the keep horizon are kept whole)
+FAST_VAE = VAEConfig(name="tiny-fast", latent_h=CFG.latent_h, latent_w=CFG.latent_w, widths=(16, 8, 8))
 
 
 def speech() -> np.ndarray:
@@ -39,7 +44,7 @@ def serve(tp: int, runner: RunnerKind, out: Path, silent: int, lead_in: int = 0)
     """One session: `silent` chunks, the speech pushed (after `lead_in` samples of silence), SPEAKING chunks; returns
     rank 0's rewinds (next, r, k)."""
     spec = RankSpec(layout=RankLayout(tp=tp), init_method=f"tcp://127.0.0.1:{free_port()}", runner=runner,
-                    out_dir=str(out), timeout_s=60.0)
+                    out_dir=str(out), timeout_s=60.0, vae=FAST_VAE)
     rt = RankRuntime(spec).start(ready_timeout_s=300)
     try:
         rt.begin(assignment(SESSION), FlagValues())
@@ -107,7 +112,7 @@ def serve_interrupted(tp: int, runner: RunnerKind, out: Path, steps: int, spoken
     `spoken`, after that many chunks an interrupt — `AudioInput.clear_buffer`, as the room feed applies
     lk.clear_buffer — then the rest of `steps` chunks. Returns rank 0's rewinds (next, r, k)."""
     spec = RankSpec(layout=RankLayout(tp=tp), init_method=f"tcp://127.0.0.1:{free_port()}", runner=runner,
-                    out_dir=str(out), timeout_s=60.0)
+                    out_dir=str(out), timeout_s=60.0, vae=FAST_VAE)
     rt = RankRuntime(spec).start(ready_timeout_s=300)
     try:
         rt.begin(assignment(SESSION), FlagValues())
@@ -128,7 +133,7 @@ def serve_interrupted(tp: int, runner: RunnerKind, out: Path, steps: int, spoken
 def test_an_interrupt_splices_every_rank_and_equals_a_session_that_got_silence_from_the_cut(tp, tmp_path):
     """The speech is cut at the decoder rank's splice frame f* = frame k of chunk r: every chunk the session finally
     made equals a session that had the speech only up to f*'s first sample, from the start (np.array_equal)."""
-    spoken = 6
+    spoken = SILENT
     a, b = tmp_path / "interrupted", tmp_path / "reference"
     rewound = serve_interrupted(tp, RunnerKind.PIPELINE, a, spoken + SPEAKING, spoken)
     assert len(rewound) == 1 and rewound[0][0] == spoken, rewound

@@ -297,10 +297,9 @@ class Playout:
     def rewind(self, min_lead_s: float = 0.0, *, oldest: int = 0, keep_pending_due: bool = False) -> int:
         """At a turn start: r = the first chunk not begun and not due within `min_lead_s` seconds from now. With
         `keep_pending_due` the chunks submitted and still in the decoder stage are judged the same way, by the slots
-        they will get (one due that soon cannot be made again in time: it is kept); without it they are all dropped
-        (the decoder rank's rewind, whose keep-horizon is rank 0's diffuse time plus its own decode time). Drops
-        chunks ≥ r from the pacer and the decoder stage, rewinds the decoder's causal state to after r − 1, records
-        the rewind (`rewinds`) and returns r; the producer submits chunk r next (its generator and audio input
+        they will get (one due that soon cannot be made again in time: it is kept); without it they are all dropped.
+        Drops chunks ≥ r from the pacer and the decoder stage, rewinds the decoder's causal state to after r − 1,
+        records the rewind (`rewinds`) and returns r; the producer submits chunk r next (its generator and audio input
         rewound to r). r ≥ `oldest` (the producer's undo logs hold chunks from there). The half-shown rule and the
         drop are the pacer's (`Pacer.drop_unstarted`). Holds the decoder stage's lock, so no chunk reaches the pacer
         between the two drops."""
