@@ -218,6 +218,7 @@ def summarize(report, plan: list[dict], cut_turn: int) -> dict:
         "delivered_fps": round(report.delivered_fps, 3),
         "chunks": report.chunks,
         "chunks_generated": report.chunks_generated,
+        "discarded_frames": report.discarded_frames,  # decoded and never shown (cut by rewinds and the interrupt)
         "chunk_stages_ms": {k: report.stages_ms[k] for k in ("diffuse", "decode", "buffer", "end_to_end")},
     }
 
@@ -276,7 +277,7 @@ def format_table(doc: dict) -> str:
     lines = [f"bench turn: {doc['preset']} on {doc['device']}" + ("" if doc["rewind"] else ", no rewinds")
              + (f", diffusion padded to {doc['step_ms']} ms" if doc["step_padded"] else "")
              + f"; {doc['turns']} turns ({doc['turns_rewound']} rewound), {doc['chunks_generated']} chunks generated "
-             f"for {doc['chunks']}",
+             f"for {doc['chunks']}, {doc.get('discarded_frames', 'n/a')} decoded frames never shown",
              "  stage (ms from audio in)   n      p50       p99"]
     for name, s in [*doc["stages_ms"].items(), ("share (published)", doc["share_ms"])]:
         if s["n"]:

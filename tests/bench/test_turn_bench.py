@@ -38,6 +38,10 @@ def test_bench_turn_tiny_writes_every_field(tmp_path, capsys):
     assert 1 <= doc["lead_chunks"] <= 5 and doc["lead_changes"][0] == [0, 3]
     assert doc["max_abs_av_offset_after_rewind_ms"] is not None and doc["max_abs_av_offset_after_rewind_ms"] < 1000 / 24
     assert doc["delivered_fps"] > 0 and doc["chunks_generated"] >= doc["chunks"]
+    cuts = len(doc["rewind_points"]) + len(doc["interrupt_points"])
+    assert 0 <= doc["discarded_frames"] <= (doc["chunks_generated"] - doc["chunks"]) * 4 + 3 * cuts, \
+        "frames never shown: at most the old versions of the chunks made again, and a remake's frames < k per cut"
+    assert "decoded frames never shown" in printed
     assert "share of a turn p50" in printed and "turn after interrupt: turn 2 rewound" in printed
     assert "rewinds 3, " in printed and "inside a chunk (frame k > 0)" in printed
 

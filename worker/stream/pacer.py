@@ -144,6 +144,8 @@ class PublishedFrame:
     due_s: float  # when the slot was due (t0 + slot / fps)
     published_s: float  # clock time when the pacer released it
     av_offset_s: float | None  # generated frames: audio position of its first sample minus its pts
+    first_of_chunk: bool = False  # the first frame shown of this version of its chunk (frame k of a remade one)
+    chunk_times: dict[str, float] | None = None  # that version's stage timestamps (DecodedChunk.times); None: repeats
 
 
 @dataclass
@@ -488,7 +490,8 @@ class Pacer:
         self._audio_out += len(audio)
         if self._stalls and self._stalls[-1].ended_s is None:
             self._stalls[-1].ended_s = now
-        frame = PublishedFrame(self._slot, pts, chunk.index, f, False, chunk.frames[j], audio, due, now, offset)
+        frame = PublishedFrame(self._slot, pts, chunk.index, f, False, chunk.frames[j], audio, due, now, offset,
+                               first_of_chunk=self._frame_in_chunk == 0, chunk_times=chunk.times)
         if j == entry.first:  # a chunk starts: any gap after this one is the generator's, not the interruption's
             self._interrupted = False
         if self._interrupt_cut is not None and f >= self._interrupt_cut:

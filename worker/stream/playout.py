@@ -414,16 +414,14 @@ class Playout:
             sink.write(frame)
         self.publish_ms.append((time.perf_counter() - t) * 1e3)
         self._last_published_s = frame.published_s
-        fpc = self.pacer.config.frames_per_chunk
         m = self.metrics
         if not frame.repeated:
             rewound_from = self._rewound_from_frame
             if rewound_from is not None and frame.content_index >= rewound_from and frame.av_offset_s is not None:
                 self._max_av_after_rewind = max(self._max_av_after_rewind or 0.0, abs(frame.av_offset_s))
-            if frame.content_index % fpc == 0:
-                with self._lock:
-                    times = self._chunk_times.get(frame.chunk_index, {})
-                if "decoded" in times:
+            if frame.first_of_chunk:  # timed from the first frame shown: frame k of a chunk remade at a splice
+                times = frame.chunk_times or {}
+                if "decoded" in times and "audio_taken" in times:
                     self.buffer_ms.append((frame.published_s - times["decoded"]) * 1e3)
                     self.e2e_ms.append((frame.published_s - times["audio_taken"]) * 1e3)
                     if m is not None:
