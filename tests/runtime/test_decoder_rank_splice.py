@@ -13,6 +13,8 @@ import pytest
 import torch
 from vivant.worker.model.config import ModelConfig
 from vivant.worker.serving.decoder_rank import splice_for_rewind
+from vivant.worker.serving.layout import RankLayout
+from vivant.worker.serving.ranks import RankSpec
 from vivant.worker.serving.wire import LinkMessage, Op
 from vivant.worker.stream.decoder_stage import LatentChunk
 from vivant.worker.stream.pacer import FakeClock
@@ -101,3 +103,15 @@ def test_an_interrupt_at_the_decoder_rank_cuts_the_stage_chunk_due_after_the_hor
     assert r == 1, f"the horizon (now + decode < 0.33 s) ends inside chunk 1's slots: cut there, got ({r}, {k})"
     assert playout.rewinds[-1].cause == "interrupt" and 2 in playout.rewinds[-1].dropped
     assert playout.pacer.stats().discards[-1].at_s == clock.now(), "the interrupt's cut is on the pacer's record"
+
+
+def test_rank_spec_vae_must_take_the_model_latents():
+    spec = RankSpec(layout=RankLayout(tp=1), init_method="tcp://127.0.0.1:1")
+    assert spec.vae_config() == VAEConfig.for_model(CFG), "no vae: the preset's"
+    assert RankSpec(layout=RankLayout(tp=1), init_method="tcp://127.0.0.1:1", vae=SMALL_VAE).vae_config() == SMALL_VAE
+    bad = {"latent_h": VAEConfig(name="b", latent_h=9, latent_w=CFG.latent_w, widths=(16, 8)),
+           "latent_channels": VAEConfig(name="b", latent_h=8, latent_w=12, widths=(16, 8), latent_channels=8),
+           "temporal_factor": VAEConfig(name="b", latent_h=8, latent_w=12, widths=(16, 8), temporal_up_levels=(0,))}
+    for field, vae in bad.items():
+        with pytest.raises(ValueError, match=rf"RankSpec\.vae\.{field} = \d+; expected \d+ \(the 'tiny' model's\)"):
+            RankSpec(layout=RankLayout(tp=1), init_method="tcp://127.0.0.1:1", vae=vae).vae_config()
