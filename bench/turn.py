@@ -7,12 +7,13 @@ played out and a silence of varying length has passed (0.35 … 1.6 s, stepped b
 chunk period so turns start at varying phases of the chunk clock). The speech is a synthetic voiced signal
 (a 110–170 Hz harmonic series under a 4 Hz syllable envelope, 0.6 … 1.3 s per turn), not espeak-ng: it needs no
 system package and its length is exact. One turn, halfway through the script, is interrupted by `clear_buffer`
-0.4 s after its first frame is on screen, and the next turn follows it.
+0.4 s after its first frame is on screen (the loop splices there: the speech stops at a frame, made again from
+silence), and the next turn follows it.
 
 Reported (JSON and a short table), per stage over turns (ms from the turn's first sample pushed): rewound,
 diffused, decoded, published (p50/p99/max); the pipeline's share of a turn (audio in → first frame published);
 the interrupted turn and the turn after it by themselves; stalls (and their causes), the lead chosen and its
-changes, rewinds, max |A/V offset| over frames after rewinds and over all frames, delivered fps, and the
+changes, rewinds (turn starts) and interrupt splices, max |A/V offset| over frames after rewinds and over all frames, delivered fps, and the
 machine, torch, date and command. `--step-ms X` pads each chunk's diffusion to X ms with a sleep (the JSON says
 so): how the bench runs at the 57b per-rank step time with the `ref` model on one GPU. Goals printed beside the
 figures: share ≤ 0.35 s at the 57b step time, ≤ 0.1 s with ref on the GPU, 0 stalls, |A/V| ≤ one frame.
@@ -195,6 +196,7 @@ def build(args) -> tuple[ModelConfig, object, object, str]:
 def summarize(report, plan: list[dict], cut_turn: int) -> dict:
     turns = report.turns
     share = [t["published_ms"] for t in turns if t["published_ms"] is not None]
+    turn_cuts = [rw for rw in report.rewinds if rw["cause"] == "turn"]
     return {
         "turns": len(turns),
         "turns_published": len(share),
@@ -202,7 +204,9 @@ def summarize(report, plan: list[dict], cut_turn: int) -> dict:
         "share_ms": percentiles(share),
         "interrupted_turn": turns[cut_turn] if cut_turn < len(turns) else None,
         "turn_after_interrupt": turns[cut_turn + 1] if cut_turn + 1 < len(turns) else None,
-        "rewinds": len(report.rewinds),
+        "rewinds": len(turn_cuts),
+        "rewind_points": [[rw["to_chunk"], rw["to_frame"]] for rw in turn_cuts],  # the splice (chunk, frame k)
+        "interrupt_points": [[rw["to_chunk"], rw["to_frame"]] for rw in report.rewinds if rw["cause"] == "interrupt"],
         "turns_rewound": sum(1 for t in turns if t["rewound_to"] is not None),
         "stalls": report.stalls,
         "stall_causes": {c: report.stall_causes.count(c) for c in sorted(set(report.stall_causes))},
@@ -214,6 +218,7 @@ def summarize(report, plan: list[dict], cut_turn: int) -> dict:
         "delivered_fps": round(report.delivered_fps, 3),
         "chunks": report.chunks,
         "chunks_generated": report.chunks_generated,
+        "discarded_frames": report.discarded_frames,  # decoded and never shown (cut by rewinds and the interrupt)
         "chunk_stages_ms": {k: report.stages_ms[k] for k in ("diffuse", "decode", "buffer", "end_to_end")},
     }
 
@@ -272,7 +277,7 @@ def format_table(doc: dict) -> str:
     lines = [f"bench turn: {doc['preset']} on {doc['device']}" + ("" if doc["rewind"] else ", no rewinds")
              + (f", diffusion padded to {doc['step_ms']} ms" if doc["step_padded"] else "")
              + f"; {doc['turns']} turns ({doc['turns_rewound']} rewound), {doc['chunks_generated']} chunks generated "
-             f"for {doc['chunks']}",
+             f"for {doc['chunks']}, {doc.get('discarded_frames', 'n/a')} decoded frames never shown",
              "  stage (ms from audio in)   n      p50       p99"]
     for name, s in [*doc["stages_ms"].items(), ("share (published)", doc["share_ms"])]:
         if s["n"]:
@@ -282,6 +287,9 @@ def format_table(doc: dict) -> str:
     lines.append(f"  stalls {doc['stalls']} {doc['stall_causes']} (goal 0); |A/V| max after rewinds "
                  f"{'n/a' if av is None else f'{av:.2f}'} ms (goal ≤ {FRAME_MS:.1f}); lead {doc['lead_chunks']} "
                  f"chunks, changes {doc['lead_changes']}; {doc['delivered_fps']} fps delivered")
+    points = doc.get("rewind_points", [])
+    lines.append(f"  rewinds {doc['rewinds']}, {sum(1 for _, k in points if k)} of them inside a chunk (frame k > 0); "
+                 f"k: {[k for _, k in points]}; interrupts spliced at (chunk, k) {doc.get('interrupt_points', [])}")
     for key in ("interrupted_turn", "turn_after_interrupt"):
         t = doc[key]
         if t is not None:

@@ -27,6 +27,8 @@ def test_bench_turn_tiny_writes_every_field(tmp_path, capsys):
     stages = doc["stages_ms"]
     assert list(stages) == ["rewound", "diffused", "decoded", "published"]
     assert doc["turns_rewound"] == doc["rewinds"] == 3 and stages["rewound"]["n"] == 3
+    assert len(doc["rewind_points"]) == 3 and all(0 <= k < 4 for _, k in doc["rewind_points"])
+    assert len(doc["interrupt_points"]) == 1 and 0 <= doc["interrupt_points"][0][1] < 4, "the interrupt is spliced"
     assert stages["published"]["n"] == doc["turns_published"] >= 2
     assert stages["rewound"]["p50"] <= stages["diffused"]["p50"] <= stages["decoded"]["p50"] <= stages["published"]["p50"]
     assert doc["share_ms"] == stages["published"]
@@ -36,7 +38,12 @@ def test_bench_turn_tiny_writes_every_field(tmp_path, capsys):
     assert 1 <= doc["lead_chunks"] <= 5 and doc["lead_changes"][0] == [0, 3]
     assert doc["max_abs_av_offset_after_rewind_ms"] is not None and doc["max_abs_av_offset_after_rewind_ms"] < 1000 / 24
     assert doc["delivered_fps"] > 0 and doc["chunks_generated"] >= doc["chunks"]
+    cuts = len(doc["rewind_points"]) + len(doc["interrupt_points"])
+    assert 0 <= doc["discarded_frames"] <= (doc["chunks_generated"] - doc["chunks"]) * 4 + 3 * cuts, \
+        "frames never shown: at most the old versions of the chunks made again, and a remake's frames < k per cut"
+    assert "decoded frames never shown" in printed
     assert "share of a turn p50" in printed and "turn after interrupt: turn 2 rewound" in printed
+    assert "rewinds 3, " in printed and "inside a chunk (frame k > 0)" in printed
 
 
 @pytest.mark.parametrize("argv, match", [

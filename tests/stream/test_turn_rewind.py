@@ -2,10 +2,11 @@
 DiT → decoder stage → pacer on the wall clock → a collecting sink.
 
 The lead is held at 4 chunks so that, when a turn starts, chunks generated from silence are waiting ahead of
-playout and the rewind has something to drop. Which chunk the loop rewinds to depends on the wall clock (what has
-started playing), so the tests read r from the report and check everything against it: the speech starts at r,
-the chunks dropped are never published, and the frames from r on equal those of a stream that got the same speech
-at chunk r in the first place (same seeds, no rewind).
+playout and the rewind has something to drop. The loop splices at a frame (`Playout.splice`): which frame, (r, k),
+depends on the wall clock (what has been published), so the tests read it from the report and check everything
+against it: the speech starts at frame k of chunk r, every content frame is published once (the old chunk r's frames
+< k, then the remade chunk r's frames ≥ k), and those equal a stream that got, for chunk r, the same silence before
+frame k and the speech from frame k in the first place (same seeds, no rewind).
 """
 
 from __future__ import annotations
@@ -69,10 +70,14 @@ def rewound():
     return pipe, sink, report
 
 
+def turn_rewinds(report) -> list[dict]:
+    return [r for r in report.rewinds if r["cause"] == "turn"]
+
+
 def test_each_turn_rewinds_and_dropped_chunks_are_never_published(rewound):
     pipe, sink, report = rewound
-    assert len(report.rewinds) == 3, report.rewinds
-    assert [t.rewound_to for t in pipe.turn_traces()] == [r["to_chunk"] for r in report.rewinds]
+    assert [r["cause"] for r in report.rewinds] == ["turn", "turn", "interrupt", "turn"], report.rewinds
+    assert [t.rewound_to for t in pipe.turn_traces()] == [r["to_chunk"] for r in turn_rewinds(report)]
     for r in report.rewinds:
         assert r["to_chunk"] <= r["from_chunk"], r
     first = report.rewinds[0]
@@ -80,9 +85,21 @@ def test_each_turn_rewinds_and_dropped_chunks_are_never_published(rewound):
     dropped = sum(r["from_chunk"] - r["to_chunk"] for r in report.rewinds)
     assert report.chunks == CHUNKS and report.chunks_generated == CHUNKS + dropped
     content = [f.content_index for f in sink.frames if not f.repeated]
-    discarded = set(report.discarded_chunks)
-    expected = [f for n in range(CHUNKS) if n not in discarded for f in range(4 * n, 4 * n + 4)]
-    assert content == expected, "each chunk published once, in order: a dropped version never reaches the sink"
+    # the interrupt is a splice too: its chunks are made again, so every content frame is published once
+    assert content == list(range(4 * CHUNKS)), "each frame published once, in order: a dropped version never shows"
+
+
+def test_the_interrupt_cuts_the_speech_at_its_splice_frame(rewound):
+    _, sink, report = rewound
+    cut = next(r for r in report.rewinds if r["cause"] == "interrupt")
+    f_star = 4 * cut["to_chunk"] + cut["to_frame"]
+    turn2 = turn_rewinds(report)[2]
+    after = [f for f in sink.frames
+             if not f.repeated and f_star <= f.content_index < 4 * turn2["to_chunk"] + turn2["to_frame"]]
+    assert after and not np.concatenate([f.audio for f in after]).any(), "silence from the interrupt's frame f*"
+    before = next(f for f in sink.frames if not f.repeated and f.content_index == f_star - 1)
+    assert before.audio.any(), "turn 1 spoke up to f* (3 s of speech, interrupted after 4 chunks)"
+    assert set(report.discarded_chunks) <= set(cut["dropped"]) and report.discarded_frames > 0
 
 
 def test_the_speech_starts_at_the_rewound_chunk_and_the_trace_has_every_stage_in_order(rewound):
@@ -90,9 +107,13 @@ def test_the_speech_starts_at_the_rewound_chunk_and_the_trace_has_every_stage_in
     frames = generated(sink)
     traces = pipe.turn_traces()
     assert [t.turn for t in traces] == [0, 1, 2]
-    for trace, rewind in zip(traces, report.rewinds, strict=True):
-        r = rewind["to_chunk"]
-        assert trace.rewound_to == r and trace.chunk_index == r and trace.first_frame == 4 * r
+    for trace, rewind in zip(traces, turn_rewinds(report), strict=True):
+        r, k = rewind["to_chunk"], rewind["to_frame"]
+        assert trace.rewound_to == r and 0 <= k < 4
+        if trace.turn != 1:  # after silence or an interrupt the speech starts at the cut
+            assert trace.chunk_index == r and trace.first_frame == 4 * r + k
+        else:  # a splice into turn 0's last frames gives their speech back: turn 1 follows it
+            assert trace.first_frame >= 4 * r + k
     t0 = traces[0]
     assert not np.concatenate([f.audio for f in frames[t0.chunk_index - 1]]).any(), "turn 0: the chunk before r is silent"
     assert all(np.concatenate([f.audio for f in frames[n]]).any() for n in range(t0.chunk_index, t0.chunk_index + 6))
@@ -100,7 +121,7 @@ def test_the_speech_starts_at_the_rewound_chunk_and_the_trace_has_every_stage_in
         assert t.pushed_s <= t.rewound_s <= t.diffused_s <= t.decoded_s <= t.published_s, t
         stages = t.stage_ms()
         assert [stages[f"{s}_ms"] for s in TURN_STAGES] == sorted(stages[f"{s}_ms"] for s in TURN_STAGES)
-        assert t.published_s == frames[t.chunk_index][0].published_s
+        assert t.published_s == next(f.published_s for f in frames[t.chunk_index] if f.content_index == t.first_frame)
     text = report.format_text()
     assert "turn 2: first sample in → rewound to chunk" in text and "first frame published" in text
     assert report.turn_stages_ms["rewound"]["n"] == 3 and report.turn_stages_ms["published"]["n"] >= 2
@@ -110,32 +131,41 @@ def test_av_offset_after_rewinds_is_measured_and_within_one_frame(rewound):
     _, sink, report = rewound
     assert report.max_abs_av_offset_after_rewind_ms is not None
     assert report.max_abs_av_offset_after_rewind_ms < 1000 / 24
-    r0 = report.rewinds[0]["to_chunk"]
-    after = [abs(f.av_offset_s) * 1e3 for f in sink.frames if not f.repeated and f.chunk_index >= r0]
+    r0 = 4 * report.rewinds[0]["to_chunk"] + report.rewinds[0]["to_frame"]
+    after = [abs(f.av_offset_s) * 1e3 for f in sink.frames if not f.repeated and f.content_index >= r0]
     assert max(after) == pytest.approx(report.max_abs_av_offset_after_rewind_ms)
     assert report.lead_chunks == 4 and report.lead_changes == [(0, 4)]
 
 
-def test_rewound_frames_equal_a_stream_that_got_the_speech_at_r(rewound):
+def test_spliced_frames_equal_a_stream_that_got_the_speech_at_the_cut(rewound):
+    """Turn 0 spliced at (r, k): the old chunk r's frames < k (made from silence) are those of a silent stream; its
+    frames ≥ k, and every chunk after it up to turn 1, are those of a stream that got, for chunk r, silence before frame
+    k's first sample and the speech from there, in the first place (no rewind)."""
     _, sink, report = rewound
-    r = report.rewinds[0]["to_chunk"]
-    sink_b = CollectingSink()
+    r, k = report.rewinds[0]["to_chunk"], report.rewinds[0]["to_frame"]
+    start, _ = CFG.chunk_sample_range(r)
+    lead_in = np.zeros((4 * r + k) * SR // CFG.fps - start, np.float32)  # chunk r's samples before frame k
 
     def script(step, p):
         if step == r:
-            p.audio_in.push(speech(1.0), SR)
+            p.audio_in.push(np.concatenate([lead_in, speech(1.0)]), SR)
             p.audio_in.end_segment()
 
-    end = report.rewinds[1]["to_chunk"]  # where A's turn 1 begins; up to there both got the same audio
+    end = turn_rewinds(report)[1]["to_chunk"]  # where A's turn 1 begins; up to there both got the same audio
     assert end > r + 3
+    sink_b, sink_silent = CollectingSink(), CollectingSink()
     pipeline(sink_b, rewind_on_turn=False).run(end, script)
-    a, b = generated(sink), generated(sink_b)
+    pipeline(sink_silent, rewind_on_turn=False).run(r + 1)
+    a, b, silent = generated(sink), generated(sink_b), generated(sink_silent)
     for n in range(end):
-        got, want = a[n], b[n]
-        assert [f.content_index for f in got] == [f.content_index for f in want]
+        want = [f for f in silent[n] if f.content_index < 4 * r + k] if n <= r else []
+        want += [f for f in b[n] if f.content_index >= 4 * r + k]
+        got = a[n]
+        assert [f.content_index for f in got] == [f.content_index for f in want], f"chunk {n}"
         for fa, fb in zip(got, want, strict=True):
             assert np.array_equal(fa.rgb, fb.rgb), f"chunk {n} frame {fa.content_index}: pixels differ"
             assert np.array_equal(fa.audio, fb.audio), f"chunk {n} frame {fa.content_index}: audio differs"
+
 
 
 def test_a_turn_queued_right_behind_speech_continues_it_without_a_rewind():

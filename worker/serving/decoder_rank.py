@@ -11,10 +11,13 @@ Per session, by `RunnerKind`:
              avatar's AvatarRunner publishes through its AVSynchronizer at real time; the agent's speech, interrupts
              and end reasons go to rank 0 on the status queue), held to `lead_chunks` chunks ahead of publication.
 
-A turn start (REWIND from rank 0): the pipeline's playout drops what was not shown and not due within the lead
-rank 0 sent (`Playout.rewind`, the half-shown rule) and the rank answers the chunk r generation restarts at; the
-generator and livekit kinds have no playout here and answer rank 0's next chunk (no rewind: the room's decoder
-stage and its AVSynchronizer keep what they have). Latents received again for chunk r … replace the kept files.
+A turn start or an interrupt (REWIND from rank 0): the pipeline's playout drops every frame not shown and not due
+within the keep horizon, from f* = frame k of chunk r on (`splice_for_rewind`: the horizon is the lead rank 0 sent —
+its diffuse time with a margin — plus this rank's own decode time; a chunk still in the decoder stage is judged whole
+by its slot, as in the one-process loop: kept when due within the horizon, for it could not be made again in time),
+and the rank answers (r, k): generation restarts at chunk r, whose remade frames ≥ k are shown; the generator and
+livekit kinds have no playout here and answer rank 0's next chunk (no rewind: the room's decoder stage and its
+AVSynchronizer keep what they have). Latents received again for chunk r … replace the kept files.
 
 With `--out`, every kind also keeps the latents it received, and the pipeline keeps its playout report
 (`<out>/<session>/playout.json`: delivered fps, stalls, per-stage p50/p99 ms). A failure inside a session (a sink that cannot
@@ -38,9 +41,20 @@ from vivant.worker.stream.decoder_stage import DecoderStage, LatentChunk
 from vivant.worker.stream.pacer import DecodedChunk
 from vivant.worker.stream.playout import Playout
 from vivant.worker.stream.sinks import Mp4Sink, NullSink
-from vivant.worker.stream.vae import VAEConfig, build_vae_decoder, load_vae_decoder
+from vivant.worker.stream.vae import build_vae_decoder, load_vae_decoder
 
 log = logging.getLogger(__name__)
+
+
+def splice_for_rewind(playout: Playout, m: LinkMessage) -> tuple[int, int]:
+    """The decoder rank's splice for REWIND `m` (module docstring): (r, k). Keep horizon (s) = `m.lead_s` (rank 0's
+    time to diffuse chunk r again, with its margin) + the longest of this rank's last 8 decode times; the chunks in the
+    decoder stage are judged whole by their slots (`Playout.splice(keep_pending_due=True)`), so one due within the
+    horizon is kept and r moves past it. Every chunk before the REWIND word was submitted already (the link is in
+    order), so the stage's chunks are exactly those rank 0 made and the pacer has not taken."""
+    horizon_s = m.lead_s + max(playout.decoder.decode_ms[-8:], default=0.0) / 1e3
+    return playout.splice(horizon_s, oldest=m.oldest, keep_pending_due=True,
+                          cause="interrupt" if m.interrupt else "turn")
 
 
 class DecoderRank:
@@ -51,7 +65,7 @@ class DecoderRank:
         self.link = DecoderLink(self.cfg, groups.link, peer=0, device=spec.layout.link_device_of(rank))
         self.vae = None
         if spec.runner is not RunnerKind.GENERATOR:
-            vae_cfg = VAEConfig.for_model(self.cfg)
+            vae_cfg = spec.vae_config()
             self.vae = (load_vae_decoder(vae_cfg, spec.vae_weights, device=self.device) if spec.vae_weights
                         else build_vae_decoder(vae_cfg, device=self.device))
             self._warm_up()
@@ -91,8 +105,8 @@ class DecoderRank:
             elif m.op is Op.CHUNK:
                 self.chunk(m)
             elif m.op is Op.REWIND:
-                r, dropped = self.rewind(m)
-                self.link.send_rewind_answer(m.session, r, dropped)
+                r, k, dropped = self.rewind(m)
+                self.link.send_rewind_answer(m.session, r, dropped, k)
             elif m.op is Op.END:
                 self.link.send_ack(self.end(m))
 
@@ -127,7 +141,8 @@ class DecoderRank:
             self.stage = DecoderStage(self.vae, self._to_room).start()
             return
         if self.folder is not None:
-            sinks = [Mp4Sink(self.folder / "video.mp4", cfg.width, cfg.height, cfg.fps, cfg.audio_sample_rate,
+            vae_cfg = self.vae.cfg  # the frames' size is the decoder's
+            sinks = [Mp4Sink(self.folder / "video.mp4", vae_cfg.out_w, vae_cfg.out_h, cfg.fps, cfg.audio_sample_rate,
                              timeline="content")]
         else:
             sinks = [NullSink()]
@@ -158,20 +173,21 @@ class DecoderRank:
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
 
-    def rewind(self, m: LinkMessage) -> tuple[int, int]:
-        """(r, chunks dropped) for a REWIND (module docstring); a failed session answers "no rewind"."""
-        r, dropped = m.chunk, 0
+    def rewind(self, m: LinkMessage) -> tuple[int, int, int]:
+        """(r, k, chunks dropped) for a REWIND, the splice at frame k of chunk r (module docstring); a failed session
+        answers "no rewind" (the next chunk, 0)."""
+        r, k, dropped = m.chunk, 0, 0
         if self.playout is not None and not self.error and m.session == self.session:
             try:
-                # what the DiT made ahead and the decoder stage holds: the decode time is the rank's own
-                lead = m.lead_s + (max(self.playout.decoder.decode_ms[-8:], default=0.0) / 1e3)
-                r = self.playout.rewind(lead, oldest=m.oldest)
+                r, k = splice_for_rewind(self.playout, m)
+                self.playout.record_rewind(m.chunk)
                 dropped = len(self.playout.rewinds[-1].dropped)
             except Exception as exc:  # noqa: BLE001
                 self._fail(exc)
-                r, dropped = m.chunk, 0
-        self.trace.write(event="rewind", session=m.session, chunk=r, next_chunk=m.chunk, dropped=dropped)
-        return r, dropped
+                r, k, dropped = m.chunk, 0, 0
+        self.trace.write(event="rewind", session=m.session, chunk=r, frame=k, next_chunk=m.chunk, dropped=dropped,
+                         cause="interrupt" if m.interrupt else "turn")
+        return r, k, dropped
 
     def end(self, m: LinkMessage) -> Ack:
         report = None

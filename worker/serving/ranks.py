@@ -40,6 +40,7 @@ from vivant.worker.model.tp import apply_tensor_parallel
 from vivant.worker.model.weights import load_weights
 from vivant.worker.serving.layout import NO_MULTICAST_ENV, RankLayout, RankRole
 from vivant.worker.serving.wire import Control, ControlBus, Op
+from vivant.worker.stream.vae import VAEConfig
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,8 @@ class RunnerKind(StrEnum):
 @dataclass(frozen=True)
 class RankSpec:
     """Everything a rank needs (module docstring). weights: a safetensors checkpoint (absolute path) or None for
-    random weights of the preset's shapes (`weights_seed`); vae_weights likewise for the decoder."""
+    random weights of the preset's shapes (`weights_seed`); vae_weights likewise for the decoder. vae: the decoder's
+    sizes when they are not the preset's (`vae_config`: a decoder of other widths over the same latent grid)."""
 
     layout: RankLayout
     init_method: str
@@ -66,6 +68,7 @@ class RankSpec:
     weights: str | None = None
     weights_seed: int = 0
     vae_weights: str | None = None
+    vae: VAEConfig | None = None  # None: the preset's (VAEConfig.for_model)
     out_dir: str | None = None
     speak: str | None = None  # rank 0: a speech file the character says at the start of every session
     timeout_s: float = 120.0  # one collective of a session (the ranks are ticked while idle)
@@ -75,6 +78,20 @@ class RankSpec:
 
     def model_config(self) -> ModelConfig:
         return ModelConfig.from_name(self.preset)
+
+    def vae_config(self) -> VAEConfig:
+        """The decoder rank's VAE sizes: `vae`, or the preset's. ValueError naming the field when `vae` does not take
+        the model's latents (channels, h, w) or does not make its frames per chunk."""
+        cfg = self.model_config()
+        if self.vae is None:
+            return VAEConfig.for_model(cfg)
+        v = self.vae
+        for name, ours, theirs in (("latent_channels", v.latent_channels, cfg.latent_channels),
+                                   ("latent_h", v.latent_h, cfg.latent_h), ("latent_w", v.latent_w, cfg.latent_w),
+                                   ("temporal_factor", v.temporal_factor, cfg.frames_per_chunk)):
+            if ours != theirs:
+                raise ValueError(f"RankSpec.vae.{name} = {ours}; expected {theirs} (the {cfg.name!r} model's)")
+        return v
 
 
 class Groups(NamedTuple):

@@ -25,9 +25,14 @@ the `SessionRunner` the worker service drives (vivant.worker.serving.service): t
 Rewind at a turn start (docs/ARCHITECTURE.md): before taking a chunk whose first sample starts a new turn (the agent's
 speech after silence, after `lk.clear_buffer`, or a `--speak` file), rank 0 asks the decoder rank (REWIND on the
 link, with the lead to keep: a few recent diffuse times) where generation restarts; the decoder rank drops what was
-not shown (`Playout.rewind`) and answers r; rank 0 sends REWIND r to every DiT rank before the next CHUNK word, and
-rewinds its generator and its audio input to r, so the turn's speech is taken by chunk r. Runners without a playout
-(generator, livekit) answer the next chunk: no rewind.
+not shown (`Playout.splice`: frames from f*, frame k of chunk r) and answers (r, k); rank 0 sends REWIND r to every
+DiT rank before the next CHUNK word, and rewinds its generator to r and its audio input to r keeping the samples
+chunk r took for its frames < k, so the turn's speech is taken by chunk r from frame k's first sample (the decoder
+rank shows the remade chunk r from frame k). An interrupt (`lk.clear_buffer`: the audio input's `clears` moved since
+the last chunk) is the same splice, marked as one on REWIND: the speech the dropped frames took stays discarded, so
+chunk r is made again from silence from frame k, and the decoder rank's pacer shows the remade frame in the cut's slot
+(no held frame). Runners without a playout (generator, livekit) answer the next chunk: no rewind (a room mutes the
+interrupted speech itself).
 
 Any failure of a collective or of a rank is a `RankFailure` naming the rank (the supervisor's reason when a
 child died), which the service turns into the session's end reason before the worker exits non-zero.
@@ -59,6 +64,7 @@ from vivant.worker.serving.runner import ChunkReport, PlayoutAccount, SessionFai
 from vivant.worker.serving.supervisor import RankFailure, Supervisor
 from vivant.worker.serving.wire import Ack, Control, ControlBus, DecoderLink, Op
 from vivant.worker.stream.audio_in import AudioInput, read_audio
+from vivant.worker.stream.pacer import PacerConfig
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -86,7 +92,8 @@ class RankRuntime:
         self._trace = SessionTrace(None, 0)
         self._open = False
         self._diffuse_ms: list[float] = []
-        self.rewinds: list[tuple[int, int]] = []  # (next chunk, r) of this session's rewinds
+        self.rewinds: list[tuple[int, int, int]] = []  # (next chunk, r, k) of this session's rewinds: frame k of r
+        self._clears_seen = 0  # the audio input's interrupts already spliced
 
     # ---- forming the ranks ------------------------------------------------------------------------------
     def start(self, ready_timeout_s: float = 600.0) -> RankRuntime:
@@ -141,6 +148,7 @@ class RankRuntime:
             except ValueError as exc:
                 raise SessionInputError(f"--speak {self.spec.speak}: {exc}") from exc
         self._audio = audio
+        self._clears_seen = 0
         self._diffuse_ms = []
         self.rewinds = []
         self.sessions += 1
@@ -214,8 +222,10 @@ class RankRuntime:
                 self._room_events()
             except ValueError as exc:  # the agent's audio: a rate out of range, more than the input holds
                 raise SessionInputError(f"room audio: {exc}") from exc
-        if self._audio.turn_starts_next() and self.generator.chunk > 0:
-            self._rewind()
+        clears = self._audio.clears
+        interrupted, self._clears_seen = clears != self._clears_seen, clears
+        if self.generator.chunk > 0 and (interrupted or self._audio.turn_starts_next()):
+            self._rewind(interrupt=interrupted)
         gen, n = self.generator, self.generator.chunk
         chunk = self._audio.next_chunk()
         ends_segment = self._feed is not None and self._feed.ends_segment(chunk)
@@ -248,20 +258,26 @@ class RankRuntime:
         """The session's audio input (None between sessions): the room feed pushes the agent's speech into it."""
         return self._audio
 
-    def _rewind(self) -> None:
-        """A turn starts with the next chunk: rewind every rank to where the decoder rank says (module docstring)."""
+    def _rewind(self, *, interrupt: bool = False) -> None:
+        """A turn starts with the next chunk, or (`interrupt`) an interrupt came: rewind every rank to where the decoder
+        rank says (module docstring)."""
         gen, n = self.generator, self.generator.chunk
         oldest = max(gen.cache.oldest_rewind(), self._audio.oldest_rewind())
         lead_s = 1.5 * max(self._diffuse_ms, default=0.0) / 1e3  # time to diffuse chunk r again, with a margin
-        r, dropped = self._collective(lambda: self.link.request_rewind(self.sessions, n, lead_s, oldest))
+        r, k, dropped = self._collective(lambda: self.link.request_rewind(self.sessions, n, lead_s, oldest,
+                                                                          interrupt=interrupt))
         if r != n:
             self._collective(lambda: self.bus.publish(Control(Op.REWIND, self.sessions, r)))
             gen.rewind(r)
-            self._audio.rewind(r)
-        self.rewinds.append((n, r))
-        self._trace.write(event="rewind", session=self.sessions, chunk=r, next_chunk=n, dropped=dropped)
-        log.info("session %d: a turn starts before chunk %d; rewound to chunk %d (%d chunks dropped)",
-                 self.sessions, n, r, dropped)
+            grid = PacerConfig.for_model(self.cfg)
+            self._audio.rewind(r, keep_samples=grid.frame_sample(r * grid.frames_per_chunk + k)
+                               - grid.chunk_sample_range(r)[0])
+        self.rewinds.append((n, r, k))
+        cause = "interrupt" if interrupt else "turn"
+        self._trace.write(event="rewind", session=self.sessions, chunk=r, frame=k, next_chunk=n, dropped=dropped,
+                          cause=cause)
+        log.info("session %d: %s before chunk %d; rewound to frame %d of chunk %d (%d chunks dropped)",
+                 self.sessions, "an interrupt" if interrupt else "a turn starts", n, k, r, dropped)
 
     def end(self, reason: str) -> PlayoutAccount | None:
         """END on every rank; the decoder rank's acknowledgement is the playout's account (frames, stalls)."""

@@ -12,10 +12,11 @@ knows what comes next and every rank issues the same collectives in the same ord
         diffused: CLOCK_MONOTONIC seconds, shared by the processes of one host), latents float32 [C, h, w],
         PCM float32 [max_samples]; speech samples and "ends segment" say what the chunk's audio is (the LiveKit
         output publishes speech and marks a segment's end); REWIND: [REWIND, session, next chunk, lead µs, oldest,
-        0, 0, 0], answered by
+        interrupt, 0, 0] (interrupt 1: an interrupt's splice, 0: a turn start's), answered by
     rewind answer (the decoder rank → rank 0, after REWIND), int64 [8]:
-        [session, r, chunks dropped, 0, …]: r is the chunk generation restarts at (`Playout.rewind(lead, oldest=…)`;
-        the next chunk, i.e. no rewind, for runners without a playout: generator, livekit)
+        [session, r, chunks dropped, k, 0, …]: (r, k) is the frame generation restarts at, frame k of chunk r
+        (`Playout.splice(lead, oldest=…)`: chunk r is made again and its frames < k were kept); (next chunk, 0), i.e.
+        no rewind, for runners without a playout: generator, livekit
     acknowledgement (the decoder rank → rank 0, after END), int64 [8]:
         [session, chunks, frames published, generated frames published, stalls, repeated frames, error bytes, 0]
         then the error text (uint8, UTF-8) when there is one
@@ -127,6 +128,7 @@ class LinkMessage:
     clear_epoch: int = 0  # CHUNK: interrupts (lk.clear_buffer) rank 0 had applied when it took the chunk's audio
     lead_s: float = 0.0  # REWIND: keep the chunks due within this many seconds (the pipeline's time to make one)
     oldest: int = 0  # REWIND: the earliest chunk rank 0 can rewind to (its undo logs' depth)
+    interrupt: bool = False  # REWIND: an interrupt's splice (the speech stops at the cut), not a turn start's
 
 
 @dataclass(frozen=True)
@@ -193,20 +195,23 @@ class DecoderLink:
         self._send([word, torch.tensor(times, dtype=torch.float64),
                     latents.detach().to(torch.float32).contiguous(), audio], wait=False)
 
-    def request_rewind(self, session: int, next_chunk: int, lead_s: float, oldest: int) -> tuple[int, int]:
-        """A turn starts before chunk `next_chunk`: REWIND to the decoder rank, which drops what was not shown and
-        answers (r, chunks dropped); oldest ≤ r ≤ next_chunk."""
-        self._send([self._word(Op.REWIND, session, next_chunk, round(lead_s * 1e6), oldest)], wait=True)
+    def request_rewind(self, session: int, next_chunk: int, lead_s: float, oldest: int, *,
+                       interrupt: bool = False) -> tuple[int, int, int]:
+        """A turn starts (or, `interrupt`, the speech was interrupted) before chunk `next_chunk`: REWIND to the
+        decoder rank, which drops what was not shown and answers (r, k, chunks dropped): the splice at frame k of
+        chunk r; oldest ≤ r ≤ next_chunk, k = 0 unless r < next_chunk."""
+        self._send([self._word(Op.REWIND, session, next_chunk, round(lead_s * 1e6), oldest, int(interrupt))],
+                   wait=True)
         word = torch.zeros(WORDS, dtype=torch.int64, device=self.device)
         dist.recv(word, src=self.peer, group=self.group)
-        session_, r, dropped = (int(v) for v in word.tolist()[:3])
-        if session_ != session or not oldest <= r <= next_chunk:
-            raise RuntimeError(f"rewind answer: session {session_} r = {r}; expected session {session} and "
-                               f"{oldest} ≤ r ≤ {next_chunk}")
-        return r, dropped
+        session_, r, dropped, k = (int(v) for v in word.tolist()[:4])
+        if session_ != session or not oldest <= r <= next_chunk or k < 0 or (k and r == next_chunk):
+            raise RuntimeError(f"rewind answer: session {session_} r = {r}, k = {k}; expected session {session}, "
+                               f"{oldest} ≤ r ≤ {next_chunk} and k ≥ 0 (0 when r = {next_chunk})")
+        return r, k, dropped
 
-    def send_rewind_answer(self, session: int, r: int, dropped: int) -> None:
-        dist.send(self._word(session, r, dropped).to(self.device), dst=self.peer, group=self.group)
+    def send_rewind_answer(self, session: int, r: int, dropped: int, k: int = 0) -> None:
+        dist.send(self._word(session, r, dropped, k).to(self.device), dst=self.peer, group=self.group)
 
     def send_end(self, session: int, reason: str) -> Ack:
         """END, then the decoder rank's acknowledgement (it has played out and closed the session's sinks)."""
@@ -243,7 +248,7 @@ class DecoderLink:
                                times=(t_taken, t_diffused), speech_samples=speech, ends_segment=bool(ends),
                                clear_epoch=epoch)
         if op is Op.REWIND:
-            return LinkMessage(op, session, chunk, lead_s=samples / 1e6, oldest=payload_len)
+            return LinkMessage(op, session, chunk, lead_s=samples / 1e6, oldest=payload_len, interrupt=bool(speech))
         return LinkMessage(op, session, chunk)
 
     def send_ack(self, ack: Ack) -> None:

@@ -19,6 +19,12 @@ taken), unless an interruption (`clear_buffer`) came after it was taken: then it
 discarded everything pending. A turn whose first sample was in a dropped chunk is placed again when that sample is
 taken again. The last `history_chunks` chunks can be rewound.
 
+Splice (`rewind(m, keep_samples=K)`, the rewind at a frame): chunk m was partly shown, so the samples it took for its
+first frames, [0, K) of the chunk, stay as they were (speech and silence alike) and are taken again by chunk m; the
+speech it took from sample K on goes back to the queue, and the queued speech fills chunk m from sample K. An
+interrupt is spliced the same way: the speech taken before `clear_buffer` is discarded, not queued again (it counts in
+`cleared_samples`), so chunk m is made again with its kept prefix and silence from sample K.
+
 Rates: PCM at the configured rate (16 kHz default) is taken as is; other rates are resampled with
 libswresample (PyAV) when `resample=True`, else rejected with an error naming the expected rate.
 Samples are float32 in [-1, 1] or int16 (scaled by 1/32768), mono (1-D or [n, 1]).
@@ -90,6 +96,7 @@ class _Taken:
     index: int
     pieces: list[_Segment]
     clears: int
+    offsets: list[int] = field(default_factory=list)  # each piece's first sample within the chunk
 
 
 class AudioInput:
@@ -116,6 +123,8 @@ class AudioInput:
         self._resamplers: dict[int, object] = {}
         self.cleared_samples = 0  # speech discarded by clear_buffer, in total
         self.last_cut_chunk: int | None = None  # first chunk taken after the latest clear_buffer
+        self._kept: _Taken | None = None  # a splice's prefix: pieces the next chunk takes again (index: that chunk)
+        self._kept_samples = 0  # its length in samples (the new speech starts there)
 
     # ---- transport side -----------------------------------------------------------------------------
     def push(self, pcm: np.ndarray, sample_rate: int) -> int:
@@ -174,35 +183,73 @@ class AudioInput:
             self._last_had_speech = False  # the speech ahead was interrupted: a new turn may rewind over it
             return dropped
 
-    def rewind(self, to_chunk: int) -> None:
+    def rewind(self, to_chunk: int, keep_samples: int = 0) -> None:
         """Make chunk `to_chunk` the next one taken (module docstring): the chunks taken since are forgotten, their
         speech returns to the front of the queue unless an interruption came after it was taken (then it counts in
-        `cleared_samples`). ValueError naming `to_chunk` outside [next − history_chunks, next]."""
+        `cleared_samples`). `keep_samples` > 0 (a splice): chunk `to_chunk`'s first `keep_samples` samples, as it
+        took them, are kept and taken again by it; its speech from there on returns to the queue. ValueError naming
+        `to_chunk` outside [next − history_chunks, next], or `keep_samples` outside [0, chunk length) or > 0 for a
+        chunk not taken."""
         with self._lock:
             lo = self._next - len(self._taken)  # the history holds chunks lo … next − 1
             if isinstance(to_chunk, bool) or not isinstance(to_chunk, int) or not lo <= to_chunk <= self._next:
                 raise ValueError(f"audio input rewind to_chunk = {to_chunk!r}: expected an integer in "
                                  f"[{lo}, {self._next}] (the next chunk is {self._next}; the last "
                                  f"history_chunks = {self.history_chunks} chunks can be taken again)")
+            start, stop = self.grid.chunk_sample_range(to_chunk)
+            if isinstance(keep_samples, bool) or not isinstance(keep_samples, int) or \
+                    not 0 <= keep_samples < stop - start or (keep_samples and to_chunk == self._next):
+                raise ValueError(f"audio input rewind keep_samples = {keep_samples!r}: expected an integer in "
+                                 f"[0, {stop - start}) (chunk {to_chunk}'s samples), and 0 unless chunk {to_chunk} "
+                                 f"was taken (next chunk: {self._next})")
+            if self._kept is not None:  # an earlier splice's prefix not taken yet: it is undone first
+                self._give_back(self._kept.pieces, self._kept.clears)
+                self._kept = None
             while self._taken and self._taken[-1].index >= to_chunk:
                 taken = self._taken.pop()
-                for piece in reversed(taken.pieces):
-                    if piece.turn is not None:
-                        piece.turn.chunk_index = piece.turn.stream_sample = None
-                    if taken.clears != self._clears:  # interrupted after it was taken: stays discarded
-                        self.cleared_samples += len(piece.pcm)
-                        continue
-                    self._pending.appendleft(piece)
-                    self._pending_samples += len(piece.pcm)
+                pieces = taken.pieces
+                if taken.index == to_chunk and keep_samples:
+                    kept, kept_at, pieces = [], [], []
+                    for piece, at in zip(taken.pieces, taken.offsets, strict=True):
+                        head = max(0, min(len(piece.pcm), keep_samples - at))
+                        if head:
+                            kept.append(_Segment(piece.pcm[:head], piece.turn))
+                            kept_at.append(at)
+                        if head < len(piece.pcm):
+                            pieces.append(_Segment(piece.pcm[head:], None if head else piece.turn))
+                    self._kept = _Taken(to_chunk, kept, taken.clears, kept_at)
+                self._give_back(pieces, taken.clears)
+            self._kept_samples = keep_samples
             self._next = to_chunk
-            self._last_had_speech = bool(self._taken) and any(len(p.pcm) for p in self._taken[-1].pieces)
+            # the chunk now last taken spoke, and was not interrupted since (after clear_buffer a new turn may rewind)
+            self._last_had_speech = bool(self._taken) and self._taken[-1].clears == self._clears and \
+                any(len(p.pcm) for p in self._taken[-1].pieces)
             if self.last_cut_chunk is not None and self.last_cut_chunk > to_chunk:
                 self.last_cut_chunk = to_chunk
+
+    def _give_back(self, pieces: list[_Segment], clears: int) -> None:
+        """Put pieces a chunk took back at the front of the queue, in order (under the lock); discarded instead when
+        an interruption came after they were taken (`clears` then differs)."""
+        for piece in reversed(pieces):
+            if piece.turn is not None:
+                piece.turn.chunk_index = piece.turn.stream_sample = None
+            if clears != self._clears:  # interrupted after it was taken: stays discarded
+                self.cleared_samples += len(piece.pcm)
+                continue
+            self._pending.appendleft(piece)
+            self._pending_samples += len(piece.pcm)
 
     # ---- generation side ----------------------------------------------------------------------------
     @property
     def next_index(self) -> int:
         return self._next
+
+    @property
+    def clears(self) -> int:
+        """How many interrupts (`clear_buffer` calls) this input has had: a generation loop on another thread than
+        the transport compares it between chunks to splice at an interrupt (vivant.worker.serving.runtime)."""
+        with self._lock:
+            return self._clears
 
     def turn_starts_next(self) -> bool:
         """Whether the next chunk begins with a new turn's first sample (the front of the queue starts a turn) and
@@ -228,19 +275,31 @@ class AudioInput:
             start, stop = self.grid.chunk_sample_range(n)
             need = stop - start
             out = np.zeros(need, np.float32)
+            pieces: list[_Segment] = []
+            offsets: list[int] = []
+            pos = 0  # where the queued speech starts: after a splice's kept prefix
+            kept_speech = 0
+            kept, self._kept = self._kept, None
+            if kept is not None:  # the prefix was shown already: its turns were placed then, not again
+                pos = self._kept_samples
+                for piece, at in zip(kept.pieces, kept.offsets, strict=True):
+                    out[at:at + len(piece.pcm)] = piece.pcm
+                    kept_speech += len(piece.pcm)
+                pieces, offsets = list(kept.pieces), list(kept.offsets)
             got = 0
             turns: list[TurnStart] = []
-            pieces: list[_Segment] = []
-            while got < need and self._pending:
+            while pos + got < need and self._pending:
                 seg = self._pending[0]
-                take = min(need - got, len(seg.pcm))
+                at = pos + got
+                take = min(need - at, len(seg.pcm))
                 pieces.append(_Segment(seg.pcm[:take], seg.turn))
+                offsets.append(at)
                 if seg.turn is not None:
                     seg.turn.chunk_index = n
-                    seg.turn.stream_sample = start + got
+                    seg.turn.stream_sample = start + at
                     turns.append(seg.turn)
                     seg.turn = None
-                out[got:got + take] = seg.pcm[:take]
+                out[at:at + take] = seg.pcm[:take]
                 got += take
                 if take == len(seg.pcm):
                     self._pending.popleft()
@@ -248,10 +307,10 @@ class AudioInput:
                     seg.pcm = seg.pcm[take:]
             self._pending_samples -= got
             if self.history_chunks:
-                self._taken.append(_Taken(n, pieces, self._clears))
-            self._last_had_speech = got > 0
+                self._taken.append(_Taken(n, pieces, self._clears, offsets))
+            self._last_had_speech = got > 0 or (kept_speech > 0 and kept.clears == self._clears)
             self._next += 1
-            return ChunkAudio(index=n, samples=out, speech_samples=got, turns=turns)
+            return ChunkAudio(index=n, samples=out, speech_samples=got + kept_speech, turns=turns)
 
     def turns(self) -> list[TurnStart]:
         with self._lock:

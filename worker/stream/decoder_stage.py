@@ -78,8 +78,9 @@ class DecoderStage:
         self._cuts: list[int] = []  # rewind e + 1 dropped the chunks ≥ _cuts[e] submitted before it
         self._last_done = -1  # index of the last chunk decoded into the cache
         self._inflight: int | None = None  # index of the chunk being decoded
+        self._taken: int | None = None  # index of the chunk the thread took from the queue and has not delivered
         self._snapshots: dict[int, object] = {}  # chunk → the causal state right after it
-        self.rewind_dropped: list[int] = []  # the queued chunks the latest rewind dropped
+        self.rewind_dropped: list[int] = []  # the chunks the latest rewind dropped (queued, or taken and not delivered)
         self.vae = vae
         self.device = next(vae.parameters()).device
         self.on_decoded = on_decoded
@@ -116,9 +117,9 @@ class DecoderStage:
 
     def rewind(self, to_chunk: int) -> None:
         """Drop the chunks ≥ `to_chunk` queued or being decoded and make the causal state the one after chunk
-        `to_chunk` − 1 (module docstring); `rewind_dropped` lists the indices dropped from the queue. ValueError naming `to_chunk`
-        when that state is no longer kept (more than `rewind_chunks` decoded chunks back) or is in the future of
-        what was decoded. Callers that deliver into a pacer hold `lock` around the pacer's drop and this call."""
+        `to_chunk` − 1 (module docstring); `rewind_dropped` lists the indices dropped (queued, or taken by the thread
+        and not delivered). ValueError naming `to_chunk` when that state is no longer kept (more than `rewind_chunks`
+        decoded chunks back) or is in the future of what was decoded. Callers that deliver into a pacer hold `lock` around the pacer's drop and this call."""
         if isinstance(to_chunk, bool) or not isinstance(to_chunk, int) or to_chunk < 0:
             raise ValueError(f"decoder stage rewind to_chunk = {to_chunk!r}; expected an integer ≥ 0")
         with self.lock:  # re-entrant: Playout.rewind holds it already
@@ -136,6 +137,8 @@ class DecoderStage:
                 self._queue.queue.clear()
                 self._queue.queue.extend(kept_items)
                 self._queue.not_full.notify_all()
+            if self._taken is not None and self._taken >= to_chunk:  # taken from the queue: discarded by its epoch
+                dropped.insert(0, self._taken)
             if self._last_done >= to_chunk or (self._inflight is not None and self._inflight >= to_chunk):
                 # a fresh object: a decode in flight keeps writing into the old one, and is then discarded
                 self._cache = self._snapshots[to_chunk - 1].snapshot() if to_chunk > 0 else self.vae.new_cache()
@@ -211,6 +214,7 @@ class DecoderStage:
                 item = self._queue.get()
                 if item is _STOP:
                     return
+                self._taken = item.chunk.index  # cleared under the lock when it is delivered or found stale
                 self._decode_one(item)
         except BaseException as exc:  # noqa: BLE001 (re-raised on the producer's side)
             self._error = exc
@@ -228,6 +232,7 @@ class DecoderStage:
         chunk = item.chunk
         with self.lock:
             if self._stale(item):
+                self._taken = None
                 return
             cache = self._cache
             self._inflight = chunk.index
@@ -247,6 +252,7 @@ class DecoderStage:
         times["decoded"] = self.now()
         with self.lock:
             self._inflight = None
+            self._taken = None
             if self._stale(item) or cache is not self._cache:  # a rewind came while it was decoded
                 return
             self.decode_ms.append(ms)

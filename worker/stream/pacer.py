@@ -12,14 +12,22 @@ needs one frame every 41.67 ms. The pacer sits between them:
 * bounded: at most `buffer_chunks` chunks wait. `push` on a full buffer raises `PacerFull` (the
   producer is ahead of real time and should wait with `wait_for_space`); a chunk out of order raises.
   Every generated frame is published exactly once; repeats are marked `repeated=True`.
-* interruption: `discard_speech_before(n)` drops the not-yet-started chunks with index < n that carry
-  speech (the chunk on screen finishes), so an interrupted character stops talking within one chunk
-  of playout. The drop is recorded (`stats().discards`) and the gap until the next chunk is a stall
-  of cause "interrupt" (a late generator's stall has cause "late").
+* interruption: with rewinds, an interrupt is a splice (`splice_unshown(..., interrupt=True)`, below): the frames
+  from f* on are dropped and the producer makes chunk m again from silence, so the face stops talking at f* without a
+  held frame; the drop is recorded (`stats().discards`) and a gap at the cut (the remade chunk late) is a stall of
+  cause "interrupt" (a late generator's stall elsewhere has cause "late"). Without rewinds,
+  `discard_speech_before(n)` drops the not-yet-started chunks with index < n that carry speech (the chunk on
+  screen finishes) and nothing is made again: the gap until the next chunk is a stall of cause "interrupt".
+* discarded frames: `stats().discarded_frames` counts the frames the pacer received and never published (dropped by a
+  cut or an interruption, and a remade chunk's frames before its k); chunks dropped upstream never became frames.
 * rewind: `drop_unstarted(keep_until_s)` drops every buffered chunk not begun and due after `keep_until_s`, so a
   speech turn's chunks can be generated again in their place (docs/ARCHITECTURE.md, "Rewind at a turn start"); a
   chunk with at least one frame published is shown and plays to its end (the half-shown rule); chunks still upstream
   (`pending_until`) are judged by the slots they will get, and one due within `keep_until_s` is kept.
+* splice: `splice_unshown(keep_until_s)` is the same cut at a frame: f*, the first buffered frame due later than
+  `keep_until_s`, in chunk m at index k. Frames of m before k stay (the chunk on screen is cut at k, not played to its
+  end); frames k.. of m and every later chunk are dropped; the next chunk pushed is m again (made again) and only its
+  frames k.. are published, with their audio slots, so A/V stays aligned.
 * audio: each slot carries its share of the chunk's PCM (slot k ends at sample floor((k+1)*sr/fps));
   a repeated slot carries silence up to that boundary, so published audio and video never drift. The
   A/V offset of every generated frame (where its first audio sample lands minus its video timestamp)
@@ -136,6 +144,8 @@ class PublishedFrame:
     due_s: float  # when the slot was due (t0 + slot / fps)
     published_s: float  # clock time when the pacer released it
     av_offset_s: float | None  # generated frames: audio position of its first sample minus its pts
+    first_of_chunk: bool = False  # the first frame shown of this version of its chunk (frame k of a remade one)
+    chunk_times: dict[str, float] | None = None  # that version's stage timestamps (DecodedChunk.times); None: repeats
 
 
 @dataclass
@@ -158,11 +168,29 @@ class Discard:
 @dataclass
 class Rewind:
     """One rewind at a turn start: when (clock s), the chunk generation restarted at, and the chunks dropped
-    (decoded ones from the pacer's buffer, and ones still in the decoder stage)."""
+    (decoded ones from the pacer's buffer, and ones still in the decoder stage). `frame`: the splice's k, the first
+    frame of `to_chunk` replaced (0: the whole chunk; k > 0: its frames < k were kept, and `dropped` lists
+    `to_chunk` for its frames ≥ k). `cause`: why the stream was cut there."""
 
     at_s: float
     to_chunk: int
     dropped: list[int]
+    frame: int = 0
+    cause: str = "turn"  # "turn": a speech turn starts; "interrupt": `clear_buffer` (the speech is cut at the frame)
+
+
+@dataclass
+class _Entry:
+    """A buffered chunk and the frames of it that play, [first, stop): a splice cuts a buffered chunk at stop = k and
+    the chunk made again in its place starts at first = k (otherwise first = 0, stop = frames_per_chunk)."""
+
+    chunk: DecodedChunk
+    first: int
+    stop: int
+
+    @property
+    def frames(self) -> int:
+        return self.stop - self.first
 
 
 @dataclass
@@ -177,14 +205,11 @@ class PacerStats:
     t0: float | None
     discards: list[Discard]
     frames_per_chunk: int
+    discarded_frames: int = 0  # frames received and never published (module docstring, "discarded frames")
 
     @property
     def stall_count(self) -> int:
         return len(self.stalls)
-
-    @property
-    def discarded_frames(self) -> int:
-        return sum(len(d.chunks) for d in self.discards) * self.frames_per_chunk
 
 
 class Pacer:
@@ -195,8 +220,9 @@ class Pacer:
         self.config = config or PacerConfig()
         self.clock = clock or MonotonicClock()
         self._cond = threading.Condition()
-        self._chunks: deque[DecodedChunk] = deque()
-        self._frame_in_chunk = 0  # next frame of _chunks[0] to publish
+        self._chunks: deque[_Entry] = deque()
+        self._frame_in_chunk = 0  # frames of _chunks[0] published (its next one is first + this)
+        self._skip: tuple[int, int] | None = None  # (m, k): the next push of chunk m plays from its frame k
         self._next_chunk = 0  # index the next push must carry
         self._input_closed = False
         self.t0: float | None = None
@@ -212,6 +238,8 @@ class Pacer:
         self._discard_below = 0  # speech chunks with a smaller index are dropped on arrival
         self._retired = -1  # highest chunk index that started playing or was discarded
         self._interrupted = False  # an interruption emptied the buffer; the next stall is its gap
+        self._interrupt_cut: int | None = None  # an interrupt's splice frame f*, until a frame ≥ f* is published
+        self._discarded_frames = 0  # frames received and never published
 
     # ---- producer side ------------------------------------------------------------------------------
     def depth(self) -> int:
@@ -222,7 +250,7 @@ class Pacer:
     def buffered_indices(self) -> list[int]:
         """Indices of the chunks in the buffer, oldest first (a partly played chunk included)."""
         with self._cond:
-            return [c.index for c in self._chunks]
+            return [e.chunk.index for e in self._chunks]
 
     def space(self) -> int:
         with self._cond:
@@ -243,14 +271,20 @@ class Pacer:
                 raise ValueError(f"chunk {chunk.index}: the pacer's input was closed")
             if chunk.index != self._next_chunk:
                 raise ValueError(f"chunk index: expected {self._next_chunk} (chunks arrive in order), got {chunk.index}")
+            first = self._skip[1] if self._skip is not None and chunk.index == self._skip[0] else 0
             if chunk.index < self._discard_below and chunk.audio.any():
+                self._skip = None
                 self._next_chunk += 1
                 self._discards[-1].chunks.append(chunk.index)
+                self._discarded_frames += c.frames_per_chunk
                 self._cond.notify_all()
                 return
             if len(self._chunks) >= c.buffer_chunks:
                 raise PacerFull(f"jitter buffer full ({c.buffer_chunks} chunks); chunk {chunk.index} not taken")
-            self._chunks.append(chunk)
+            # the splice's k holds until its chunk is taken (a refused push keeps it for the retry)
+            self._skip = None
+            self._discarded_frames += first  # a remade chunk's frames before its k are never shown
+            self._chunks.append(_Entry(chunk, first, c.frames_per_chunk))
             self._next_chunk += 1
             self._depth.append((self.clock.now(), len(self._chunks)))
             self._cond.notify_all()
@@ -263,14 +297,15 @@ class Pacer:
         with self._cond:
             self._discard_below = max(self._discard_below, index)
             self._retired = max(self._retired, index - 1)
-            keep: deque[DecodedChunk] = deque()
+            keep: deque[_Entry] = deque()
             dropped = []
-            for i, chunk in enumerate(self._chunks):
+            for i, entry in enumerate(self._chunks):
                 started = i == 0 and self._frame_in_chunk > 0
-                if chunk.index < index and chunk.audio.any() and not started:
-                    dropped.append(chunk.index)
+                if entry.chunk.index < index and entry.chunk.audio.any() and not started:
+                    dropped.append(entry.chunk.index)
+                    self._discarded_frames += entry.frames
                 else:
-                    keep.append(chunk)
+                    keep.append(entry)
             self._chunks = keep
             self._discards.append(Discard(self.clock.now(), dropped))
             self._interrupted = True
@@ -293,37 +328,95 @@ class Pacer:
         its remaining frames' due times). Before playout has started (no t0) nothing is shown and no due time is
         known, so every buffered chunk is dropped. Chunks below r that are kept play as they would have. Chunks
         below `oldest` are always kept (the producer cannot rewind further than its undo logs hold)."""
+        return self._cut(keep_until_s, oldest, pending_until, frames=False)[0]
+
+    def splice_unshown(self, keep_until_s: float, *, oldest: int = 0, pending_until: int | None = None,
+                       interrupt: bool = False) -> tuple[int, int]:
+        """`drop_unstarted` at a frame (module docstring, "splice"): f* = the first buffered frame not published and
+        due later than `keep_until_s`, in chunk m (≥ `oldest`) at index k. Frames of m before k stay, frames k.. of m
+        and every later chunk are dropped; returns (m, k). The next chunk pushed is m; when k > 0 only its frames
+        k.. are published (its frames < k are discarded, never shown). k = 0 is `drop_unstarted`'s cut.
+
+        Chunks upstream (`pending_until`, no buffered frame dropped) are judged whole, as by `drop_unstarted`: one
+        whose first frame is due within `keep_until_s` is kept entire (its decode is under way; cutting it would
+        need the decoder to deliver it and then rewind behind it). Before playout has started every buffered chunk
+        is dropped: (first buffered, 0).
+
+        `interrupt`: the cut is an interruption's (the producer makes chunk m again from silence from frame k): the
+        buffered chunks that lost frames are recorded as a `Discard`, and a gap right at the cut (the last frame
+        published is f* − 1 and the remade frame f* is not there) is a stall of cause "interrupt"."""
+        return self._cut(keep_until_s, oldest, pending_until, frames=True, interrupt=interrupt)
+
+    def _cut(self, keep_until_s: float, oldest: int, pending_until: int | None, *,
+             frames: bool, interrupt: bool = False) -> tuple[int, int]:
+        """The rewind's cut, (m, k) (see `drop_unstarted` and `splice_unshown`); `frames` False: only whole chunks
+        not begun are dropped (k is then the dropped entry's own first frame, 0 unless it was spliced)."""
         c = self.config
         with self._cond:
             if pending_until is not None and pending_until < self._next_chunk:
-                raise ValueError(f"drop_unstarted pending_until = {pending_until}; expected ≥ {self._next_chunk} (the "
+                raise ValueError(f"{'splice_unshown' if frames else 'drop_unstarted'} pending_until = {pending_until}; "
+                                 f"expected ≥ {self._next_chunk} (the "
                                  f"next chunk to push: the chunks upstream come after those pushed)")
-            keep: deque[DecodedChunk] = deque()
-            r = max(self._next_chunk, oldest)  # nothing buffered is dropped: the first chunk not pushed (or oldest)
-            for i, chunk in enumerate(self._chunks):
-                started = i == 0 and self._frame_in_chunk > 0
-                due = None if self.t0 is None else \
-                    self.t0 + (self._slot + i * c.frames_per_chunk - self._frame_in_chunk) / c.fps
-                if started or chunk.index < oldest or (due is not None and due <= keep_until_s):
-                    keep.append(chunk)
+            keep: deque[_Entry] = deque()
+            r = max(self._next_chunk, oldest)  # nothing buffered dropped: the first frame not pushed (or oldest)
+            cut = (r, self._skip[1] if self._skip is not None and self._skip[0] == r else 0)
+            ahead = 0  # unpublished frames before the entry judged (the next slot is the first of them)
+            head_done = False  # the head entry's published frames are all it keeps: it is finished
+            lost: list[int] = []  # buffered chunks that lose frames
+            for i, entry in enumerate(self._chunks):
+                done = self._frame_in_chunk if i == 0 else 0
+                j = None if entry.chunk.index < oldest else self._first_due_after(entry, done, ahead, keep_until_s)
+                if j is not None and not frames and not (done == 0 and j == entry.first):
+                    j = None  # whole chunks only: one begun (half shown) or with its first frame due soon stays
+                if j is None:
+                    keep.append(entry)
+                    ahead += entry.frames - done
                     continue
-                r = chunk.index
+                if j > entry.first + done:
+                    keep.append(_Entry(entry.chunk, entry.first, j))  # its frames < j play, then the remade chunk
+                elif done:
+                    head_done = True
+                cut = (entry.chunk.index, j)
+                later = list(self._chunks)[i + 1:]
+                self._discarded_frames += entry.stop - j + sum(e.frames for e in later)
+                lost = [entry.chunk.index] + [e.chunk.index for e in later]
                 break
             else:  # nothing buffered dropped: the chunks upstream, in order, until one is due after the horizon
                 if self.t0 is not None and pending_until is not None:
-                    ahead = len(self._chunks) * c.frames_per_chunk - self._frame_in_chunk  # frames before them
                     for index in range(self._next_chunk, pending_until):
-                        due = self.t0 + (self._slot + ahead + (index - self._next_chunk) * c.frames_per_chunk) / c.fps
+                        due = self.t0 + (self._slot + ahead) / c.fps
                         if index >= oldest and due > keep_until_s:
                             break
-                        r = max(r, index + 1)
+                        cut = (max(cut[0], index + 1), 0)
+                        skip = self._skip[1] if self._skip is not None and self._skip[0] == index else 0
+                        ahead += c.frames_per_chunk - skip
+            m, k = cut
             self._chunks = keep
-            self._next_chunk = min(self._next_chunk, r)
-            self._discard_below = min(self._discard_below, r)
-            self._retired = min(self._retired, r - 1)
+            if head_done:
+                self._frame_in_chunk = 0
+            self._next_chunk = min(self._next_chunk, m)
+            if k > 0:
+                self._skip = (m, k)
+            elif self._skip is not None and self._skip[0] >= m:
+                self._skip = None
+            self._discard_below = min(self._discard_below, m)
+            self._retired = min(self._retired, m if k > 0 else m - 1)  # m's frames < k stay shown (or to show)
+            if interrupt:
+                self._discards.append(Discard(self.clock.now(), lost))
+                self._interrupt_cut = m * c.frames_per_chunk + k
             self._depth.append((self.clock.now(), len(self._chunks)))
             self._cond.notify_all()
-            return r
+            return m, k
+
+    def _first_due_after(self, entry: _Entry, done: int, ahead: int, keep_until_s: float) -> int | None:
+        """Index (within its chunk) of the entry's first unpublished frame due later than `keep_until_s`, None if all
+        are due sooner; before start-up (no t0) its first unpublished frame (nothing has a due time)."""
+        if self.t0 is None:
+            return entry.first + done
+        for j in range(entry.first + done, entry.stop):
+            if self.t0 + (self._slot + ahead + j - entry.first - done) / self.config.fps > keep_until_s:
+                return j
+        return None
 
     def wait_for_space(self, timeout: float | None = None) -> bool:
         """Block (real time) until a chunk fits; True if it does. Only a producer ahead of playout waits."""
@@ -385,8 +478,9 @@ class Pacer:
 
     def _publish_generated(self, due: float, now: float) -> PublishedFrame:
         c = self.config
-        chunk = self._chunks[0]
-        j = self._frame_in_chunk
+        entry = self._chunks[0]
+        chunk = entry.chunk
+        j = entry.first + self._frame_in_chunk
         f = chunk.index * c.frames_per_chunk + j
         chunk_start, _ = c.chunk_sample_range(chunk.index)
         audio = chunk.audio[c.frame_sample(f) - chunk_start: c.frame_sample(f + 1) - chunk_start]
@@ -396,13 +490,16 @@ class Pacer:
         self._audio_out += len(audio)
         if self._stalls and self._stalls[-1].ended_s is None:
             self._stalls[-1].ended_s = now
-        frame = PublishedFrame(self._slot, pts, chunk.index, f, False, chunk.frames[j], audio, due, now, offset)
-        if j == 0:  # a chunk starts: any gap after this one is the generator's, not the interruption's
+        frame = PublishedFrame(self._slot, pts, chunk.index, f, False, chunk.frames[j], audio, due, now, offset,
+                               first_of_chunk=self._frame_in_chunk == 0, chunk_times=chunk.times)
+        if j == entry.first:  # a chunk starts: any gap after this one is the generator's, not the interruption's
             self._interrupted = False
+        if self._interrupt_cut is not None and f >= self._interrupt_cut:
+            self._interrupt_cut = None  # the remade frame f* (or a later one) is out: the interrupt left no gap
         self._retired = max(self._retired, chunk.index)
         self._generated += 1
         self._frame_in_chunk += 1
-        if self._frame_in_chunk == c.frames_per_chunk:
+        if self._frame_in_chunk == entry.frames:
             self._chunks.popleft()
             self._frame_in_chunk = 0
             self._depth.append((now, len(self._chunks)))
@@ -413,8 +510,9 @@ class Pacer:
         last = self._last
         assert last is not None, "a stall before the first frame cannot happen: start-up waits for chunks"
         if not self._stalls or self._stalls[-1].ended_s is not None:
+            at_cut = self._interrupt_cut is not None and last.content_index == self._interrupt_cut - 1
             self._stalls.append(Stall(first_slot=self._slot, due_s=due,
-                                      cause="interrupt" if self._interrupted else "late"))
+                                      cause="interrupt" if self._interrupted or at_cut else "late"))
         self._stalls[-1].frames += 1
         n = max(0, self._slot_audio_end(self._slot) - self._audio_out)
         self._audio_out += n
@@ -445,5 +543,6 @@ class Pacer:
                 t0=self.t0,
                 discards=[Discard(d.at_s, list(d.chunks)) for d in self._discards],
                 frames_per_chunk=self.config.frames_per_chunk,
+                discarded_frames=self._discarded_frames,
             )
 

@@ -8,16 +8,25 @@ playout (the lead fitted to the measured diffuse + decode times: vivant.worker.s
 diffusion times and the speech taken to the playout's measurements. The worker runs the same playout on its
 decoder rank, fed from the DiT ranks (vivant.worker.serving).
 
-Rewind at a turn start: the chunks generated ahead of playout were made from silence (a listening face), and new
+Rewind at a turn start: the chunks generated ahead of playback were made from silence (a listening face), and new
 speech would wait behind all of them. So before taking a chunk whose audio holds a turn's first sample, the loop
-drops every chunk not begun and not due within `min_lead_s`, buffered or still being decoded (`Playout.rewind`,
-which also rewinds the decoder's causal state and returns r, the first chunk to make again), rewinds the generator's ring and positions to the state
-after chunk r − 1 (`ChunkGenerator.rewind`) and the audio input to chunk r (the turn's speech goes to chunk r), and
-goes on from r: the speech's first chunk is conditioned on exactly what the viewer saw. `min_lead_s` is the
-measured p99 of diffuse + decode plus the lead's margin (at least one frame), so chunk r is ready before its slot. Where a turn starts is
+splices at a frame (`Playout.splice`): f* is the first frame not published and due later than now + `min_lead_s`, in
+chunk m at index k; every frame from f* on is dropped, buffered or still being decoded (a chunk in the decoder stage
+is judged whole: kept if its first frame is due within the horizon, else dropped), and the decoder's causal state returns to after m − 1. The loop rewinds the generator's ring and
+positions to the state after chunk m − 1 (`ChunkGenerator.rewind`) and the audio input to chunk m keeping the samples
+m took for its frames < k (the turn's speech starts at frame k's first sample), and goes on from m: chunk m is made
+again and only its frames k.. are shown, so the speech's first frame is conditioned on exactly what the viewer saw.
+`min_lead_s` is the measured p99 of diffuse + decode plus the lead's margin (at least one frame), so frame k is ready before its slot. Where a turn starts is
 `AudioInput.turn_starts_next` (the same rule as the served runtime's: a turn queued right behind speech still
 playing continues it, no rewind; after `clear_buffer` the next turn rewinds). r is never below what the
 generator's and the audio input's undo logs hold. See docs/ARCHITECTURE.md (Turns: rewind and lead).
+
+An interrupt (`clear_buffer`, from any thread) is the same splice, made by the loop before it takes its next chunk
+(the lead wait ends at once): f* = the first frame due later than now + `min_lead_s`, frame k of chunk m; frames from
+f* on are dropped; the generator, the decoder and the audio input rewind to m (chunk m keeps the samples of its frames
+< k, the cleared speech becomes silence from frame k's first sample), and chunk m is made again. So the face stops
+talking at f* and the next frame slot is filled by the remade frame, not by a held one. Without rewinds
+(`rewind_on_turn=False`) the pacer discards the speech chunks not begun instead (`Pacer.discard_speech_before`).
 """
 
 from __future__ import annotations
@@ -61,6 +70,7 @@ class StreamPipeline:
         self._speech_in = 0
         self._next = 0  # index of the next chunk to take
         self._last_speech_chunk = -1  # highest chunk taken with speech not cut by clear_buffer (−1: none)
+        self._interrupt = threading.Event()  # clear_buffer came; the loop splices before its next chunk
 
     def _lead_config(self, given: LeadConfig | None, max_lead_chunks: int, pacer_config: PacerConfig | None,
                      rewind_on_turn: bool) -> LeadConfig:
@@ -78,11 +88,16 @@ class StreamPipeline:
 
     # ---- control ------------------------------------------------------------------------------------
     def clear_buffer(self) -> int:
-        """Interrupt the character's speech: audio not yet taken is dropped (AudioInput.clear_buffer) and
-        chunks of speech taken before the cut that have not started playing are discarded by the pacer,
-        so the speech stops within the chunk on screen. Returns the audio samples dropped."""
+        """Interrupt the character's speech: audio not yet taken is dropped (AudioInput.clear_buffer), and the
+        loop splices before its next chunk (module docstring): the frames from f* on are made again from silence, so
+        the speech stops at f* with no held frame. Without rewinds, the chunks of speech taken before the cut that
+        have not started playing are discarded by the pacer (the speech stops within the chunk on screen). Thread-safe
+        (a transport's thread may call it). Returns the audio samples dropped."""
         dropped = self.audio_in.clear_buffer()
-        self.playout.discard_speech_before(self.audio_in.last_cut_chunk)
+        if self.rewind_on_turn:
+            self._interrupt.set()
+        else:
+            self.playout.discard_speech_before(self.audio_in.last_cut_chunk)
         self._last_speech_chunk = -1  # what was not on screen is discarded
         return dropped
 
@@ -97,24 +112,60 @@ class StreamPipeline:
         return self.audio_in.pending_samples() > 0 or (last >= 0 and not self.pacer.wait_until_started(last + 1, 0))
 
     def _turn_to_rewind(self) -> bool:
-        """A turn starts in the next chunk and the loop rewinds for it (it also ends the lead wait)."""
+        """A turn starts in the next chunk and the loop rewinds for it."""
         return self.rewind_on_turn and self._next > 0 and self.audio_in.turn_starts_next()
 
+    def _cut_pending(self) -> bool:
+        """The loop splices before its next chunk (a turn starts in it, or an interrupt came): ends the lead wait."""
+        return self._interrupt.is_set() or self._turn_to_rewind()
+
     def _maybe_rewind(self) -> None:
-        """Rewind before taking the next chunk when a turn starts in it (module docstring)."""
-        if not self._turn_to_rewind():
+        """Splice before taking the next chunk when an interrupt came or a turn starts in it (module docstring); one
+        splice serves both (cause "interrupt" then)."""
+        interrupt = self._interrupt.is_set()
+        self._interrupt.clear()  # a clear_buffer after this line is spliced at the next chunk
+        interrupt = interrupt and self._next > 0  # nothing made yet: nothing to cut
+        if not interrupt and not self._turn_to_rewind():
             return
         n = self._next
         oldest = max(self.generator.cache.oldest_rewind(), self.audio_in.oldest_rewind())
-        r = self.playout.rewind(self.playout.lead.min_lead_s(), oldest=oldest, keep_pending_due=True)
-        if not oldest <= r <= n:
-            raise RuntimeError(f"Playout.rewind returned chunk {r}; expected {oldest} ≤ r ≤ {n} (the chunk about "
-                               f"to be taken)")
+        r, k = self.playout.splice(self.playout.lead.min_lead_s(), oldest=oldest,
+                                   cause="interrupt" if interrupt else "turn")
+        if not oldest <= r <= n or not (k == 0 or r < n):
+            raise RuntimeError(f"Playout.splice returned (chunk {r}, frame {k}); expected {oldest} ≤ chunk ≤ {n} (the "
+                               f"chunk about to be taken), frame 0 unless the chunk was taken")
+        pc = self.pacer.config
         self.generator.rewind(r)
-        self.audio_in.rewind(r)
+        self.audio_in.rewind(r, keep_samples=pc.frame_sample(r * pc.frames_per_chunk + k) - pc.chunk_sample_range(r)[0])
         self.playout.record_rewind(n)
         self._next = r
         self._last_speech_chunk = min(self._last_speech_chunk, r - 1)
+
+    def make_next_chunk(self) -> int:
+        """One step of the loop on the caller's thread: the splice due before it (`_maybe_rewind`), the chunk's audio
+        taken, diffused and submitted to the playout's decoder stage; returns the chunk's index. `run` calls it after
+        the lead wait; it needs only the decoder stage running (so its steps can also be driven on a FakeClock while
+        the caller polls the pacer)."""
+        self._maybe_rewind()
+        n = self._next
+        audio = self.audio_in.next_chunk()
+        if audio.index != n:
+            raise RuntimeError(f"audio input gave chunk {audio.index}; expected {n} (the loop's index)")
+        self._speech_in += audio.speech_samples
+        if audio.speech_samples:
+            self._last_speech_chunk = n
+        t_taken = self.clock.now()
+        t = time.perf_counter()
+        out = self.generator.generate_chunk(audio.samples, self.cfg.audio_sample_rate)
+        self.diffuse_ms.append((time.perf_counter() - t) * 1e3)
+        self.playout.observe_diffuse(self.diffuse_ms[-1] / 1e3)
+        t_diffused = self.clock.now()
+        self.playout.record_turns(audio.turns, t_diffused)
+        self.playout.submit(LatentChunk(n, out.latents, audio.samples, {"audio_taken": t_taken, "diffused": t_diffused}))
+        self._next = n + 1
+        if self.metrics is not None:
+            self.metrics.observe_chunk("diffuse", self.diffuse_ms[-1] / 1e3)
+        return n
 
     def turn_traces(self) -> list[TurnTrace]:
         return self.playout.turn_traces()
@@ -140,32 +191,13 @@ class StreamPipeline:
             while self._next < chunks:
                 if playout.failed is not None or (stop is not None and stop.is_set()):
                     break
-                playout.wait_lead(self._next, self._turn_to_rewind)
+                playout.wait_lead(self._next, self._cut_pending)
                 if before_chunk is not None:
                     before_chunk(step, self)
                 if stop is not None and stop.is_set():
                     break
-                self._maybe_rewind()
-                n = self._next
-                audio = self.audio_in.next_chunk()
-                if audio.index != n:
-                    raise RuntimeError(f"audio input gave chunk {audio.index}; expected {n} (the loop's index)")
-                self._speech_in += audio.speech_samples
-                if audio.speech_samples:
-                    self._last_speech_chunk = n
-                t_taken = self.clock.now()
-                t = time.perf_counter()
-                out = self.generator.generate_chunk(audio.samples, self.cfg.audio_sample_rate)
-                self.diffuse_ms.append((time.perf_counter() - t) * 1e3)
-                playout.observe_diffuse(self.diffuse_ms[-1] / 1e3)
-                t_diffused = self.clock.now()
-                playout.record_turns(audio.turns, t_diffused)
-                playout.submit(LatentChunk(n, out.latents, audio.samples, {"audio_taken": t_taken, "diffused": t_diffused}))
-                self._next = n + 1
-                made = max(made, n + 1)
+                made = max(made, self.make_next_chunk() + 1)
                 step += 1
-                if self.metrics is not None:
-                    self.metrics.observe_chunk("diffuse", self.diffuse_ms[-1] / 1e3)
         except BaseException as exc:  # noqa: BLE001 (re-raised below, after the threads are stopped)
             errors.append(exc)
         try:

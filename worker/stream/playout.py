@@ -16,13 +16,16 @@ sample pushed, the chunk carrying it diffused, decoded and its frame published (
 Rewind (`rewind`, at a speech turn's start): the chunks not begun and not due within a lead are dropped from the
 pacer and the decoder stage, the decoder's causal state returns to after the last chunk kept, and the producer
 generates again from the returned chunk r (docs/ARCHITECTURE.md, "Rewind at a turn start"); each rewind is kept in
-`rewinds`.
+`rewinds`. `splice` is the same at a frame (m, k): the chunk on screen is cut at its frame k instead of playing to
+its end, the decoder's state returns to after m − 1 and the producer makes chunk m again, of which only frames k.. are
+shown (`Pacer.splice_unshown`).
 
 Lead limit: `wait_lead(n)` blocks the producer until chunk n may be taken (chunk n − lead has started playing),
 which bounds the latency the buffers add to a turn. The lead is fitted to the measured diffuse + decode times
 by a `LeadController` (vivant.worker.stream.lead), starting from `max_lead_chunks`; the report gives the lead
-chosen and its changes. A rewind at a turn start is traced in the turn whose first sample starts the chunk rewound to,
-and the A/V offset of every generated frame of a rewound chunk is kept (its max |offset| is reported).
+chosen and its changes. A rewind at a turn start is traced in the turn it was made for: the first turn pushed before it
+whose first sample lands at or after its cut (at the cut, unless speech the cut gave back comes first), and the A/V
+offset of every generated frame from the cut on is kept (its max |offset| is reported).
 """
 
 from __future__ import annotations
@@ -122,7 +125,7 @@ class StreamReport:
     stalls: int
     stall_frames: list[int]
     stall_causes: list[str]  # "late" (generation behind) or "interrupt" (gap after discarded speech)
-    discarded_chunks: list[int]  # speech chunks dropped by interruptions
+    discarded_chunks: list[int]  # chunks whose decoded frames an interruption dropped (all or those from its cut)
     delivered_fps: float  # generated frames per second of live playout
     real_time_factor: float  # busiest stage's compute seconds per content second (≤ 1 keeps up)
     production_real_time_factor: float  # wall production s per content s (lead-limited when ahead)
@@ -133,11 +136,13 @@ class StreamReport:
     speech_samples_in: int
     cleared_samples: int
     chunks_generated: int = 0  # chunks diffused, those dropped by rewinds included
-    rewinds: list[dict] = field(default_factory=list)  # per rewind: from_chunk, to_chunk, dropped, at_s (s since t0)
+    rewinds: list[dict] = field(default_factory=list)  # per rewind: from_chunk, to_chunk, to_frame, dropped, at_s (s since
+    # t0), cause ("turn" or "interrupt")
     lead_chunks: int = 0  # the lead at the end of the stream
     lead_changes: list[tuple[int, int]] = field(default_factory=list)  # (chunk index, lead from then on)
     max_abs_av_offset_after_rewind_ms: float | None = None  # over generated frames of rewound chunks
     turn_stages_ms: dict[str, dict] = field(default_factory=dict)  # TURN_STAGES: ms from audio in, over turns
+    discarded_frames: int = 0  # frames decoded and never published (cut by a rewind or an interrupt: Pacer's count)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -148,7 +153,8 @@ class StreamReport:
             f"  live playout: {self.generated_frames_published} generated frames in {self.playout_seconds:.2f} s "
             f"= {self.delivered_fps:.2f} fps delivered; {self.stalls} stalls "
             f"({self.stall_causes.count('late')} late, {self.stall_causes.count('interrupt')} after an interrupt), "
-            f"{self.repeated_frames} repeated frames; {len(self.discarded_chunks)} speech chunks discarded by interrupts",
+            f"{self.repeated_frames} repeated frames; {self.discarded_frames} decoded frames never shown "
+            f"({len(self.discarded_chunks)} chunks cut by interrupts)",
             f"  real-time factor {self.real_time_factor:.2f} (busiest stage's compute s per s of video; ≤ 1 keeps "
             f"up); wall production {self.production_seconds:.2f} s for {self.content_seconds:.2f} s of video",
             f"  A/V offset: max |offset| {self.max_abs_av_offset_ms:.3f} ms (one frame = {1000 / 24:.1f} ms); after "
@@ -255,7 +261,8 @@ class Playout:
             if len(self._rewind_from) >= len(self.rewinds):
                 raise RuntimeError(f"record_rewind(from_chunk={from_chunk}): no rewind left to attach it to")
             self._rewind_from.append(from_chunk)
-            self._rewound_from_frame = self.rewinds[-1].to_chunk * self.pacer.config.frames_per_chunk
+            last = self.rewinds[-1]
+            self._rewound_from_frame = last.to_chunk * self.pacer.config.frames_per_chunk + last.frame
 
     def record_turns(self, turns: Iterable[TurnStart], t_diffused: float) -> None:
         """Speech turns whose first sample is in the chunk just diffused at `t_diffused` (clock seconds)."""
@@ -266,9 +273,13 @@ class Playout:
                 while pc.frame_sample(frame + 1) <= start.stream_sample:
                     frame += 1
                 trace = TurnTrace(start.turn, start.pushed_s, start.chunk_index, frame, diffused_s=t_diffused)
+                # the turn's rewind: the latest made after its first sample was pushed, cutting at or before that
+                # sample's frame (speech a splice gave back to the queue may come first), not another turn's
                 rewind = next((rw for rw in reversed(self.rewinds)
-                               if rw.to_chunk == start.chunk_index and rw.at_s >= start.pushed_s), None)
-                if rewind is not None:  # this turn's speech starts the chunk the stream was rewound to
+                               if rw.at_s >= start.pushed_s and rw.to_chunk * pc.frames_per_chunk + rw.frame <= frame
+                               and not any(t.rewound_s == rw.at_s and t.rewound_to == rw.to_chunk
+                                           for t in self._turns.values() if t.turn != start.turn)), None)
+                if rewind is not None:  # this turn's speech starts at or after the frame the stream was rewound to
                     trace.rewound_to, trace.rewound_s = rewind.to_chunk, rewind.at_s
                 self._turns[start.turn] = trace
                 self._turn_by_frame.setdefault(frame, []).append(trace)
@@ -286,29 +297,53 @@ class Playout:
     def rewind(self, min_lead_s: float = 0.0, *, oldest: int = 0, keep_pending_due: bool = False) -> int:
         """At a turn start: r = the first chunk not begun and not due within `min_lead_s` seconds from now. With
         `keep_pending_due` the chunks submitted and still in the decoder stage are judged the same way, by the slots
-        they will get (one due that soon cannot be made again in time: it is kept); without it they are all dropped
-        (the decoder rank's rewind, whose keep-horizon is rank 0's diffuse time plus its own decode time). Drops
-        chunks ≥ r from the pacer and the decoder stage, rewinds the decoder's causal state to after r − 1, records
-        the rewind (`rewinds`) and returns r; the producer submits chunk r next (its generator and audio input
-        rewound to r). r ≥ `oldest` (the producer's undo logs hold chunks from there). The half-shown rule and the drop are the pacer's (`Pacer.drop_unstarted`). Holds the decoder
-        stage's lock, so no chunk reaches the pacer between the two drops."""
+        they will get (one due that soon cannot be made again in time: it is kept); without it they are all dropped.
+        Drops chunks ≥ r from the pacer and the decoder stage, rewinds the decoder's causal state to after r − 1,
+        records the rewind (`rewinds`) and returns r; the producer submits chunk r next (its generator and audio input
+        rewound to r). r ≥ `oldest` (the producer's undo logs hold chunks from there). The half-shown rule and the
+        drop are the pacer's (`Pacer.drop_unstarted`). Holds the decoder stage's lock, so no chunk reaches the pacer
+        between the two drops."""
+        return self._rewind(min_lead_s, oldest, keep_pending_due, frames=False)[0]
+
+    def splice(self, min_lead_s: float = 0.0, *, oldest: int = 0, keep_pending_due: bool = True,
+               cause: str = "turn") -> tuple[int, int]:
+        """`rewind` at a frame (docs/ARCHITECTURE.md, "Rewind at a turn start"): f* = the first frame not published
+        and due later than now + `min_lead_s`, in chunk m at index k (`Pacer.splice_unshown`; the chunks in the
+        decoder stage are judged whole, as by `rewind`, or all dropped without `keep_pending_due`). Frames of m before k stay; the
+        decoder's causal state returns to after m − 1; returns (m, k). The producer makes chunk m again (its
+        generator at m, its audio input at m keeping the samples of frames < k) and submits it; the pacer shows
+        only its frames k.. . The rewind record carries k (`Rewind.frame`) and `cause`: "turn" (a speech turn starts)
+        or "interrupt" (`clear_buffer`: the producer makes chunk m again from silence from frame k, so the speech stops
+        at the cut without a held frame; `Pacer.splice_unshown(interrupt=True)` records the discard)."""
+        if cause not in ("turn", "interrupt"):
+            raise ValueError(f"splice cause = {cause!r}; expected 'turn' or 'interrupt'")
+        return self._rewind(min_lead_s, oldest, keep_pending_due, frames=True, cause=cause)
+
+    def _rewind(self, min_lead_s: float, oldest: int, keep_pending_due: bool, *, frames: bool,
+                cause: str = "turn") -> tuple[int, int]:
         if not min_lead_s >= 0:
             raise ValueError(f"rewind min_lead_s = {min_lead_s!r}; expected seconds ≥ 0")
         with self.decoder.lock:
             buffered = self.pacer.buffered_indices()
             oldest = max(oldest, self.decoder.oldest_rewind())
-            r = self.pacer.drop_unstarted(self.clock.now() + min_lead_s, oldest=oldest,
-                                         pending_until=self.submitted if keep_pending_due else None)
+            pending = self.submitted if keep_pending_due else None
+            if frames:
+                r, k = self.pacer.splice_unshown(self.clock.now() + min_lead_s, oldest=oldest, pending_until=pending,
+                                                 interrupt=cause == "interrupt")
+            else:
+                r, k = self.pacer.drop_unstarted(self.clock.now() + min_lead_s, oldest=oldest,
+                                                 pending_until=pending), 0
             self.decoder.rewind(r)
-            dropped = [i for i in buffered if i >= r] + self.decoder.rewind_dropped
+            dropped = sorted({i for i in buffered if i >= r} | set(self.decoder.rewind_dropped))
             self.submitted = min(self.submitted, r)
+        first_dropped = r * self.pacer.config.frames_per_chunk + k
         with self._lock:
             for index in [i for i in self._chunk_times if i >= r]:
                 del self._chunk_times[index]
-            for frame in [f for f in self._turn_by_frame if f >= r * self.pacer.config.frames_per_chunk]:
+            for frame in [f for f in self._turn_by_frame if f >= first_dropped]:
                 del self._turn_by_frame[frame]
-            self.rewinds.append(Rewind(self.clock.now(), r, sorted(dropped)))
-        return r
+            self.rewinds.append(Rewind(self.clock.now(), r, dropped, frame=k, cause=cause))
+        return r, k
 
     def finish(self) -> None:
         """Decode and play out what was submitted, stop both threads and close every sink (even after a failure,
@@ -379,16 +414,14 @@ class Playout:
             sink.write(frame)
         self.publish_ms.append((time.perf_counter() - t) * 1e3)
         self._last_published_s = frame.published_s
-        fpc = self.pacer.config.frames_per_chunk
         m = self.metrics
         if not frame.repeated:
             rewound_from = self._rewound_from_frame
             if rewound_from is not None and frame.content_index >= rewound_from and frame.av_offset_s is not None:
                 self._max_av_after_rewind = max(self._max_av_after_rewind or 0.0, abs(frame.av_offset_s))
-            if frame.content_index % fpc == 0:
-                with self._lock:
-                    times = self._chunk_times.get(frame.chunk_index, {})
-                if "decoded" in times:
+            if frame.first_of_chunk:  # timed from the first frame shown: frame k of a chunk remade at a splice
+                times = frame.chunk_times or {}
+                if "decoded" in times and "audio_taken" in times:
                     self.buffer_ms.append((frame.published_s - times["decoded"]) * 1e3)
                     self.e2e_ms.append((frame.published_s - times["audio_taken"]) * 1e3)
                     if m is not None:
@@ -454,11 +487,11 @@ class Playout:
             buffer_depth=[(round(t - t0, 3), d) for t, d in stats.depth_history],
             turns=turns, speech_samples_in=speech_samples_in, cleared_samples=cleared_samples,
             chunks_generated=chunks if chunks_generated is None else chunks_generated,
-            rewinds=[{"from_chunk": from_chunk, "to_chunk": rw.to_chunk, "dropped": rw.dropped,
-                      "at_s": round(rw.at_s - t0, 4)}
+            rewinds=[{"from_chunk": from_chunk, "to_chunk": rw.to_chunk, "to_frame": rw.frame, "dropped": rw.dropped,
+                      "at_s": round(rw.at_s - t0, 4), "cause": rw.cause}
                      for from_chunk, rw in zip(self._rewind_from, self.rewinds, strict=False)],
             lead_chunks=self.lead.lead, lead_changes=list(self.lead.changes),
             max_abs_av_offset_after_rewind_ms=(None if self._max_av_after_rewind is None
                                                else self._max_av_after_rewind * 1e3),
-            turn_stages_ms=turn_stage_percentiles(turns),
+            turn_stages_ms=turn_stage_percentiles(turns), discarded_frames=stats.discarded_frames,
         )
