@@ -47,10 +47,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from", dest="source", default=None,
                    help="fp8-native: the ref weights to start from (default weights/ref)")
     p.add_argument("--weights", default=None, help="fp8-qat: the ref weights to fine-tune (default weights/ref)")
-    p.add_argument("--steps", type=int, default=None, help="fp8-qat: optimizer steps at most (default 3000)")
+    p.add_argument("--steps", type=int, default=None, help="fp8-qat: optimizer steps at most (default 4000)")
     p.add_argument("--lr", type=float, default=None, help="fp8-qat: peak learning rate (default 5e-5)")
     p.add_argument("--seconds", type=float, default=None,
-                   help="fp8-qat: wall-clock cap of the fine-tune loop (default 150)")
+                   help="fp8-qat: wall-clock cap of the fine-tune loop (default 240)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--minutes", type=float, default=6.0, help="training wall-clock budget (VAE + DiT)")
     p.add_argument("--seed", type=int, default=0)

@@ -120,9 +120,9 @@ class QatSettings:
     rate (a fine-tune: 1/10 of the peak `ref` was trained with); batch, window: windows of chunks per step (as
     `vivant train ref`); eval_batches: fixed batches the loss before/after is measured on."""
 
-    steps: int = 3000
+    steps: int = 4000
     lr: float = 5e-5
-    seconds: float = 150.0
+    seconds: float = 240.0
     batch: int = 64
     window: int = 16
     seed: int = 0
