@@ -270,8 +270,11 @@ class RoomVideo(VideoGenerator):
                              "the last one delivered or pending)")
         fpc, fps = self.grid.frames_per_chunk, self.grid.fps
         queued = list(self._ready._queue)  # noqa: SLF001 (asyncio.Queue's deque, read in place on its own loop)
+        plays = [(p.speech_samples > 0 or p.ends_segment) and p.epoch == self._clear_epoch for p in pending]
         floor = max((p + 1 for p, q in enumerate(queued) if isinstance(q.item, rtc.AudioFrame | AudioSegmentEnd)),
                     default=0)
+        if any(plays):  # speech still upstream: everything queued plays before it
+            floor = len(queued)
         ahead = 0  # queued frames before the one judged
         for p, q in enumerate(queued):
             if not isinstance(q.item, rtc.VideoFrame):
@@ -281,10 +284,10 @@ class RoomVideo(VideoGenerator):
             ahead += 1
         m = max(self._next_chunk, oldest)
         k = self._skip[1] if self._skip is not None and self._skip[0] == m else 0
-        for meta in pending:  # nothing queued is dropped: the chunks upstream, whole
+        last_playing = max((i for i, x in enumerate(plays) if x), default=-1)
+        for i, meta in enumerate(pending):  # nothing queued is dropped: the chunks upstream, whole
             due = (self.held_frames + ahead) / fps
-            plays = (meta.speech_samples > 0 or meta.ends_segment) and meta.epoch == self._clear_epoch
-            if meta.index >= oldest and due > keep_s and not plays:
+            if meta.index >= oldest and due > keep_s and i > last_playing:
                 break
             skip = self._skip[1] if self._skip is not None and self._skip[0] == meta.index else 0
             m, k = max(m, meta.index + 1), 0
