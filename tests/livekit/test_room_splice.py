@@ -210,3 +210,45 @@ def test_a_splice_in_a_running_room_publishes_every_index_once() -> None:
         room.close()
     assert room.video.stats.published == [[0, last]], room.video.stats.published
     assert room.video.stats.splices == [(m, k)] and room.video.stats.spliced_frames == 6 * FPC - (m * FPC + k)
+
+
+def test_the_decoder_ranks_splice_cuts_the_room_and_its_decoder_stage_together() -> None:
+    """`splice_room` as the livekit kind's decoder rank runs it: a real `DecoderStage` (vivant's tiny VAE) delivers
+    into a running OfflineRoom; at the splice the chunks still in the stage are dropped with the room's cut, the
+    stage's causal state returns to before m, and the chunks made again continue the published index sequence."""
+    import torch
+    from vivant.worker.serving.livekit_avatar import splice_room
+    from vivant.worker.stream.decoder_stage import DecoderStage, LatentChunk
+    from vivant.worker.stream.vae import VAEConfig, build_vae_decoder
+
+    room = OfflineRoom([]).start()
+    pending: dict[int, ChunkMeta] = {}
+
+    def to_room(chunk: Any) -> None:  # the decoder rank's _to_room
+        meta = pending.pop(chunk.index)
+        room.deliver(chunk.index, chunk.frames, chunk.audio, meta.speech_samples, meta.ends_segment, meta.epoch)
+
+    stage = DecoderStage(build_vae_decoder(VAEConfig.for_model(CFG)), to_room).start()
+
+    def submit(n: int) -> None:
+        pending[n] = ChunkMeta(n, 0, False, room.clear_epoch)
+        stage.submit(LatentChunk(n, torch.full((CFG.latent_channels, CFG.latent_h, CFG.latent_w), n / 10),
+                                 np.zeros(span(n), np.float32)))
+
+    try:
+        for n in range(4):
+            submit(n)
+        wait_until(lambda: room.video.next_chunk == 4)
+        submit(4)
+        submit(5)
+        m, k = splice_room(room, stage, pending, 0.0)
+        assert m <= 5 and all(c < m for c in pending), (m, k, pending)
+        for n in range(m, m + 2):
+            submit(n)
+        last = (m + 2) * FPC - 1
+        wait_until(lambda: room.video.stats.published[-1][1] == last, 20)
+    finally:
+        stage.close()
+        room.close()
+    assert room.video.stats.published == [[0, last]], room.video.stats.published
+    assert room.video.stats.splices == [(m, k)]

@@ -208,18 +208,9 @@ class DecoderRank:
         return r, k, dropped
 
     def _splice_room(self, lead_s: float, oldest: int) -> tuple[int, int]:
-        """The livekit kind's splice: under the decoder stage's lock (no chunk reaches the room meanwhile) the room
-        cuts its queue (`RoomSession.splice`: frames published later than now + `lead_s` and not behind speech; the
-        chunks still in the stage judged whole), then the stage drops the chunks ≥ r and returns its causal state
-        to after r − 1."""
-        with self.stage.lock:
-            oldest = max(oldest, self.stage.oldest_rewind())
-            pending = [self.meta[c] for c in sorted(self.meta)]
-            r, k = self.room.splice(lead_s, oldest=oldest, pending=pending)
-            self.stage.rewind(r)
-            for c in [c for c in self.meta if c >= r]:
-                del self.meta[c]
-        return r, k
+        from vivant.worker.serving.livekit_avatar import splice_room
+
+        return splice_room(self.room, self.stage, self.meta, lead_s, oldest=oldest)
 
     def end(self, m: LinkMessage) -> Ack:
         report = None

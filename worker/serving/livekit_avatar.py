@@ -45,7 +45,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from livekit import rtc
@@ -59,6 +59,9 @@ from livekit.agents.voice.avatar import (
 from vivant.worker.serving.room_feed import RoomEvent
 from vivant.worker.stream.audio_in import ChunkGrid
 from vivant.worker.stream.livekit_sink import pcm_to_audio_frame, rgb_to_video_frame
+
+if TYPE_CHECKING:
+    from vivant.worker.stream.decoder_stage import DecoderStage
 
 log = logging.getLogger(__name__)
 
@@ -360,6 +363,21 @@ class RoomVideo(VideoGenerator):
                 yield q.item
             finally:
                 self._nothing_in_hand.set()
+
+
+def splice_room(room: RoomSession, stage: DecoderStage, pending: dict[int, ChunkMeta], keep_s: float, *,
+                oldest: int = 0) -> tuple[int, int]:
+    """The livekit kind's splice on the decoder rank: under the decoder stage's lock (no chunk reaches the room
+    meanwhile) the room cuts its queue (`RoomSession.splice`, the chunks still in the stage, `pending`, judged whole),
+    then the stage drops the chunks ≥ m and returns its causal state to after m − 1; their entries leave `pending`
+    (index → ChunkMeta of the chunks submitted to the stage and not yet delivered). Returns (m, k)."""
+    with stage.lock:
+        oldest = max(oldest, stage.oldest_rewind())
+        m, k = room.splice(keep_s, oldest=oldest, pending=[pending[c] for c in sorted(pending)])
+        stage.rewind(m)
+        for c in [c for c in pending if c >= m]:
+            del pending[c]
+    return m, k
 
 
 class EndWatch:
