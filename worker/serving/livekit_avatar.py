@@ -27,6 +27,17 @@ diffused or decoded when the interrupt came) is published muted, so no speech sa
 interrupt and the video returns to idle within the chunks in flight. `AvatarRunner` then reports
 `lk.playback_finished(interrupted=True)`.
 
+Turn starts (docs/ARCHITECTURE.md, "Rewind at a turn start"): rank 0's REWIND reaches the decoder rank, which
+splices the room's queue (`splice_room`): every queued item knows its chunk and frame; `RoomVideo.splice` drops the
+queued frames published later than now + the keep horizon, from f* = frame k of chunk m on, and the next delivery is
+chunk m made again, queued from its frame k (each frame with its own 1/24 s of audio). The frames the `AvatarRunner`
+already took — the AVSynchronizer's video queue, the frame it paces and the one being pushed
+(`frames_held_by_runner`) — count as shown: the SDK can clear that queue only whole (`AVSynchronizer.clear_queue`,
+with every queued audio sample). Nothing behind queued speech or a segment end is cut, so a splice drops only silent
+frames made ahead and `lk.playback_started/finished` stay as they are. The chunks still in the decoder stage are
+judged whole (kept when due within the horizon or carrying speech), and the stage rewinds to m. The decoder rank's
+record gets the published frame indices (as runs) and the splices at END.
+
 `EndWatch` ends a session for one of five reasons: the agent left the room, an `END_CALL` data message
 (`{"type": "END_CALL"}`, what hosted-avatar plugins send on agent shutdown), max duration, the CharacterSession
 deleted (the service's `EndRequest`, passed on at END), or the room disconnected. `RoomSession`'s server-facing
