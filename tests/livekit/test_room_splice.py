@@ -131,6 +131,23 @@ async def test_speech_muted_by_an_interrupt_is_spliced_over() -> None:
     assert [level(v) for v in out] == [0, 1, 2, 3, 10]
 
 
+async def test_an_interrupts_splice_remakes_the_muted_frames_without_audio() -> None:
+    """After `lk.clear_buffer` rank 0 splices too; chunk m made again keeps the (interrupted) speech of its frames
+    < k and is silent from k: its speech count is > 0, but nothing is published as audio (a stray
+    `lk.playback_started` otherwise)."""
+    video = RoomVideo(CFG, lambda e: None)
+    video.deliver(0, frames(0), speech(0), span(0), False, video.clear_epoch)
+    video.deliver(1, frames(1), speech(1), span(1), False, video.clear_epoch)
+    await video.clear_buffer()
+    assert video.splice(horizon(6)) == (1, 2)
+    remade = speech(1)
+    remade[6 * 16000 // FPS - CFG.chunk_sample_range(1)[0]:] = 0  # silence from frame 2 of chunk 1 (frame 6)
+    video.deliver(1, frames(1, remade=True), remade, span(1), False, video.clear_epoch)
+    out = await drain(video)
+    assert [type(o) for o in out] == [rtc.VideoFrame] * 8
+    assert [level(v) for v in out] == [0, 1, 2, 3, 10, 11, 112, 113]
+
+
 async def test_chunks_in_the_decoder_stage_are_judged_whole() -> None:
     video = RoomVideo(CFG, lambda e: None)
     silent(video, 0)

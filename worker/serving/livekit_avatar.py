@@ -27,14 +27,15 @@ diffused or decoded when the interrupt came) is published muted, so no speech sa
 interrupt and the video returns to idle within the chunks in flight. `AvatarRunner` then reports
 `lk.playback_finished(interrupted=True)`.
 
-Turn starts (docs/ARCHITECTURE.md, "Rewind at a turn start"): rank 0's REWIND reaches the decoder rank, which
-splices the room's queue (`splice_room`): every queued item knows its chunk and frame; `RoomVideo.splice` drops the
+Turn starts and interrupts (docs/ARCHITECTURE.md, "Rewind at a turn start"): rank 0's REWIND reaches the decoder
+rank, which splices the room's queue (`splice_room`): every queued item knows its chunk and frame; `RoomVideo.splice` drops the
 queued frames published later than now + the keep horizon, from f* = frame k of chunk m on, and the next delivery is
 chunk m made again, queued from its frame k (each frame with its own 1/24 s of audio). The frames the `AvatarRunner`
 already took — the AVSynchronizer's video queue, the frame it paces and the one being pushed
 (`frames_held_by_runner`) — count as shown: the SDK can clear that queue only whole (`AVSynchronizer.clear_queue`,
-with every queued audio sample). Nothing behind queued speech or a segment end is cut, so a splice drops only silent
-frames made ahead and `lk.playback_started/finished` stay as they are. The chunks still in the decoder stage are
+with every queued audio sample). Nothing behind queued speech or a segment end is cut, so a splice drops only frames
+whose speech is not playing (silent frames made ahead, or frames an interrupt muted: after `clear_buffer` the cut
+returns the face to idle sooner) and `lk.playback_started/finished` stay as they are. The chunks still in the decoder stage are
 judged whole (kept when due within the horizon or carrying speech), and the stage rewinds to m. The decoder rank's
 record gets the published frame indices (as runs) and the splices at END.
 
@@ -224,7 +225,8 @@ class RoomVideo(VideoGenerator):
         """On the event loop: queue chunk `index`'s frames uint8 [frames_per_chunk, H, W, 3] and, for speech, each
         frame's 1/24 s of `pcm` — muted when `epoch` (the clears rank 0 had applied when it took the chunk's audio)
         is behind this generator's clears. Chunks come in order (ValueError naming `index` otherwise); the chunk
-        made again after a splice at (m, k) is queued from its frame k (its frames < k were queued before)."""
+        made again after a splice at (m, k) is queued from its frame k (its frames < k were queued before), with
+        audio only if its frames ≥ k carry speech."""
         g = self.grid
         if index != self._next_chunk:
             raise ValueError(f"deliver index = {index}: expected chunk {self._next_chunk} (chunks come in order; after "
@@ -238,11 +240,14 @@ class RoomVideo(VideoGenerator):
         self._next_chunk = index + 1
         rate = g.audio_sample_rate
         current = epoch == self._clear_epoch
-        speech = speech_samples > 0 and current
+        start, _ = g.chunk_sample_range(index)
+        f0 = index * g.frames_per_chunk + first
+        # a chunk made again from frame k: its speech count includes the kept frames < k (never queued again), so
+        # it is speech here only if its frames ≥ k carry any (after an interrupt's splice they are silence)
+        speech = speech_samples > 0 and current and (first == 0 or bool(np.any(pcm[f0 * rate // g.fps - start:])))
         self.stats.chunks += 1
         self.stats.speech_chunks += int(speech_samples > 0)
         self.stats.chunk_sizes.append(len(pcm))
-        start, _ = g.chunk_sample_range(index)
         for j in range(first, g.frames_per_chunk):
             f = index * g.frames_per_chunk + j  # this frame's sample span on the grid
             self._ready.put_nowait(_Queued(rgb_to_video_frame(frames[j]), f))
