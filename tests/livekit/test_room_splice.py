@@ -269,3 +269,15 @@ def test_the_decoder_ranks_splice_cuts_the_room_and_its_decoder_stage_together()
         room.close()
     assert room.video.stats.published == [[0, last]], room.video.stats.published
     assert room.video.stats.splices == [(m, k)]
+
+
+def test_a_chunk_the_room_refuses_fails_the_decoder_ranks_next_wait() -> None:
+    room = OfflineRoom([]).start()
+    try:
+        room.deliver(0, frames(0), np.zeros(span(0), np.float32), 0, False, room.clear_epoch)
+        room.deliver(2, frames(2), np.zeros(span(2), np.float32), 0, False, room.clear_epoch)  # chunk 1 skipped
+        wait_until(lambda: room.delivery_error is not None)
+        with pytest.raises(RuntimeError, match="the room refused a decoded chunk: deliver index = 2: expected chunk 1"):
+            room.wait_lead()
+    finally:
+        room.close()

@@ -493,6 +493,7 @@ class RoomSession:
         self.video: RoomVideo | None = None
         self.end: EndWatch | None = None
         self.runner: AvatarRunner | None = None
+        self.delivery_error: Exception | None = None  # the first chunk the room refused (raised by wait_lead)
 
     def _call(self, coro: Any, timeout: float | None = None) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -543,6 +544,8 @@ class RoomSession:
 
     def wait_lead(self) -> None:
         waited_since = time.monotonic()
+        if self.delivery_error is not None:
+            raise RuntimeError(f"the room refused a decoded chunk: {self.delivery_error}")
         while self._call(self._queued()) > self.lead_items:
             if self.end.reason is not None:
                 return  # rank 0 is ending the session
@@ -556,7 +559,15 @@ class RoomSession:
 
     def deliver(self, index: int, frames: np.ndarray, pcm: np.ndarray, speech_samples: int, ends_segment: bool,
                 epoch: int) -> None:
-        self.loop.call_soon_threadsafe(self.video.deliver, index, frames, pcm, speech_samples, ends_segment, epoch)
+        """`RoomVideo.deliver` on the room's loop; a chunk it refuses fails the next `wait_lead`."""
+        self.loop.call_soon_threadsafe(self._deliver, index, frames, pcm, speech_samples, ends_segment, epoch)
+
+    def _deliver(self, *chunk: Any) -> None:
+        try:
+            self.video.deliver(*chunk)
+        except ValueError as exc:  # out of order or the wrong shape: kept for the decoder rank's next wait_lead
+            log.error("room delivery: %s", exc)
+            self.delivery_error = self.delivery_error or exc
 
     def splice(self, keep_s: float, *, oldest: int = 0, pending: Sequence[ChunkMeta] = ()) -> tuple[int, int]:
         """`RoomVideo.splice` on the room's event loop, after every chunk `deliver` handed over before (the loop runs
