@@ -268,8 +268,8 @@ class RoomVideo(VideoGenerator):
         delivery is chunk m, queued from its frame k.
 
         f* = the first queued frame published later than `keep_s` seconds from now, in chunk m (≥ `oldest`) at index
-        k: the i-th queued frame is published (held_frames + i) / fps from now at the earliest (the runner's frames
-        are counted as shown). Frames before f* stay; f* and every later queued frame are dropped (never published);
+        k: the i-th queued frame is published about (held_frames + i) / fps from now (while the queue is not empty the
+        runner waits on its full synchronizer, whose frames are counted as shown). Frames before f* stay; f* and every later queued frame are dropped (never published);
         frames are only ever cut behind the last queued speech — a splice drops no sample of the room's current
         playback and no segment end, so `lk.playback_started/finished` stay as they are. `pending`: the chunks still
         upstream (in the decoder stage), in order from `next_chunk`; when no queued frame is dropped they are judged
