@@ -1,8 +1,8 @@
 """The splice in the room (#21, docs/ARCHITECTURE.md "Rewind at a turn start"): `RoomVideo` cuts its queue at a turn
 start, with real SDK objects (`rtc.VideoFrame`, `rtc.AudioFrame`, livekit-agents' `AudioSegmentEnd`) and no server.
 
-Due times are counted by queue position: the i-th queued frame is published (held_frames + i) / fps from now at the
-earliest (`frames_held_by_runner`: what the AvatarRunner and its AVSynchronizer hold, counted as shown), so the cut
+Due times are counted by queue position: the i-th queued frame is published about (held_frames + i) / fps from now
+(`frames_held_by_runner`: what the AvatarRunner and its AVSynchronizer hold, counted as shown), so the cut
 for a horizon is exact arithmetic here, no clock. Every frame carries its own level (chunk · 10 + frame, + 100 for a
 chunk made again), so the published sequence is read back from the pixels.
 """
