@@ -28,16 +28,17 @@ interrupt and the video returns to idle within the chunks in flight. `AvatarRunn
 `lk.playback_finished(interrupted=True)`.
 
 Turn starts and interrupts (docs/ARCHITECTURE.md, "Rewind at a turn start"): rank 0's REWIND reaches the decoder
-rank, which splices the room's queue (`splice_room`): every queued item knows its chunk and frame; `RoomVideo.splice` drops the
-queued frames published later than now + the keep horizon, from f* = frame k of chunk m on, and the next delivery is
-chunk m made again, queued from its frame k (each frame with its own 1/24 s of audio). The frames the `AvatarRunner`
-already took — the AVSynchronizer's video queue, the frame it paces and the one being pushed
-(`frames_held_by_runner`) — count as shown: the SDK can clear that queue only whole (`AVSynchronizer.clear_queue`,
-with every queued audio sample). Nothing behind queued speech or a segment end is cut, so a splice drops only frames
-whose speech is not playing (silent frames made ahead, or frames an interrupt muted: after `clear_buffer` the cut
-returns the face to idle sooner) and `lk.playback_started/finished` stay as they are. The chunks still in the decoder stage are
-judged whole (kept when due within the horizon or carrying speech), and the stage rewinds to m. The decoder rank's
-record gets the published frame indices (as runs) and the splices at END.
+rank, which splices the room's queue (`splice_room`): every queued item knows its chunk and frame;
+`RoomVideo.splice` drops the queued frames published later than now + the keep horizon, from f* = frame k of chunk
+m on, and the next delivery is chunk m made again, queued from its frame k (each frame with its own 1/24 s of
+audio). The frames the `AvatarRunner` already took — the AVSynchronizer's video queue, the frame it paces and the
+one being pushed (`frames_held_by_runner`) — count as shown: the SDK can clear that queue only whole
+(`AVSynchronizer.clear_queue`, with every queued audio sample). Nothing behind queued speech or a segment end is
+cut, so a splice drops only frames whose speech is not playing (silent frames made ahead, or frames an interrupt
+muted: after `clear_buffer` the cut returns the face to idle sooner) and `lk.playback_started/finished` stay as they
+are. The chunks still in the decoder stage are judged whole (kept when due within the horizon or carrying speech),
+and the stage rewinds to m. The decoder rank's record gets the published frame indices (as runs) and the splices at
+END.
 
 `EndWatch` ends a session for one of five reasons: the agent left the room, an `END_CALL` data message
 (`{"type": "END_CALL"}`, what hosted-avatar plugins send on agent shutdown), max duration, the CharacterSession
@@ -142,7 +143,7 @@ class VideoStats:
     chunk_sizes: list[int] = field(default_factory=list)
     splices: list[tuple[int, int]] = field(default_factory=list)  # (m, k) of each splice
     spliced_frames: int = 0  # queued frames a splice dropped (never published)
-    published: list[list[int]] = field(default_factory=list)  # frame indices handed to the runner, as [first, last] runs
+    published: list[list[int]] = field(default_factory=list)  # frames handed to the runner: [first, last] runs
 
     def note_published(self, frame: int) -> None:
         if self.published and self.published[-1][1] + 1 == frame:
@@ -168,7 +169,8 @@ class RoomVideo(VideoGenerator):
 
     HANDOFF_TIMEOUT_S = 1.0  # an item's publication takes at most a frame interval (the synchronizer's pacing)
 
-    def __init__(self, grid: VideoGrid, forward: Callable[[RoomEvent], None], *, held_frames: int | None = None) -> None:
+    def __init__(self, grid: VideoGrid, forward: Callable[[RoomEvent], None], *,
+                 held_frames: int | None = None) -> None:
         self.grid, self.forward = grid, forward
         self.held_frames = frames_held_by_runner(grid.fps) if held_frames is None else held_frames
         if isinstance(self.held_frames, bool) or not isinstance(self.held_frames, int) or self.held_frames < 0:
@@ -268,10 +270,11 @@ class RoomVideo(VideoGenerator):
         delivery is chunk m, queued from its frame k.
 
         f* = the first queued frame published later than `keep_s` seconds from now, in chunk m (≥ `oldest`) at index
-        k: the i-th queued frame is published about (held_frames + i) / fps from now (while the queue is not empty the
-        runner waits on its full synchronizer, whose frames are counted as shown). Frames before f* stay; f* and every later queued frame are dropped (never published);
-        frames are only ever cut behind the last queued speech — a splice drops no sample of the room's current
-        playback and no segment end, so `lk.playback_started/finished` stay as they are. `pending`: the chunks still
+        k: the i-th queued frame is published about (held_frames + i) / fps from now (while the queue is not empty
+        the runner waits on its full synchronizer, whose frames are counted as shown). Frames before f* stay; f* and
+        every later queued frame are dropped (never published); frames are only ever cut behind the last queued speech
+        — a splice drops no sample of the room's current playback and no segment end, so
+        `lk.playback_started/finished` stay as they are. `pending`: the chunks still
         upstream (in the decoder stage), in order from `next_chunk`; when no queued frame is dropped they are judged
         whole, by the slot their first frame will get: one due within `keep_s`, or carrying speech of the current
         epoch, is kept (m moves past it); the caller drops those ≥ m. ValueError naming `keep_s`, `oldest` or
@@ -285,8 +288,8 @@ class RoomVideo(VideoGenerator):
             raise ValueError(f"splice pending = chunks {indices}; expected consecutive chunks from {self._next_chunk} "
                              "(the next one to deliver)")
         if oldest > self._next_chunk + len(indices):
-            raise ValueError(f"splice oldest = {oldest}; expected ≤ {self._next_chunk + len(indices)} (the chunk after "
-                             "the last one delivered or pending)")
+            raise ValueError(f"splice oldest = {oldest}; expected ≤ {self._next_chunk + len(indices)} (the chunk "
+                             "after the last one delivered or pending)")
         fpc, fps = self.grid.frames_per_chunk, self.grid.fps
         queued = list(self._ready._queue)  # noqa: SLF001 (asyncio.Queue's deque, read in place on its own loop)
         plays = [(p.speech_samples > 0 or p.ends_segment) and p.epoch == self._clear_epoch for p in pending]
