@@ -33,11 +33,12 @@ from worker_proc import POOL, WorkerProcess, assignment
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 ROOM, SESSION, WORKER = "room-splice", "ns/splice", "worker-splice"
 RATE, FPS, FPC = 16000, 24, 4
+FAST_VAE = "16,8,8"  # a decoder that keeps ahead of real time on a 2-core CPU (48×32 frames), so silence queues up
 LOUD = 3000  # int16 peak of the test's speech (a 0.4 sine) after Opus; silence stays far below
 
 
 async def test_a_turn_after_silence_is_spliced_in_a_real_room(livekit_server: LiveKitState, redis_url, tmp_path):
-    w = WorkerProcess(redis_url, tmp_path, "--runner", "livekit", worker_id=WORKER, tp=1)
+    w = WorkerProcess(redis_url, tmp_path, "--runner", "livekit", "--vae-widths", FAST_VAE, worker_id=WORKER, tp=1)
     agent = rtc.Room()
     video: list[int] = []  # one entry per video frame the agent received
     loud: list[int] = []  # per audible audio frame received: how many video frames had been received then

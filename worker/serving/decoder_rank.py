@@ -139,14 +139,15 @@ class DecoderRank:
         if runner is RunnerKind.GENERATOR:
             return
         if runner is RunnerKind.LIVEKIT:
-            from vivant.worker.serving.livekit_avatar import AvatarJoin, RoomSession
+            from vivant.worker.serving.livekit_avatar import AvatarJoin, RoomGrid, RoomSession
 
             session = self.session
 
             def forward(event: tuple) -> None:
                 self.status.put(("room", self.rank, session, event))
 
-            self.room = RoomSession(cfg, AvatarJoin.from_payload(payload), forward).start()
+            grid = RoomGrid.of(cfg, self.vae.cfg.out_w, self.vae.cfg.out_h)  # the frames' size is the decoder's
+            self.room = RoomSession(grid, AvatarJoin.from_payload(payload), forward).start()
             self.stage = DecoderStage(self.vae, self._to_room).start()
             return
         if self.folder is not None:

@@ -97,6 +97,26 @@ class VideoGrid(ChunkGrid, Protocol):
     audio_sample_rate: int
 
 
+@dataclass(frozen=True)
+class RoomGrid:
+    """The room's video grid: the model's timing (fps, frames per chunk, audio rate, chunk sample ranges) with the
+    decoder's frame size (pixels; a decoder of other widths makes frames of another size than the preset's)."""
+
+    model: ChunkGrid
+    fps: int
+    frames_per_chunk: int
+    audio_sample_rate: int
+    width: int
+    height: int
+
+    @classmethod
+    def of(cls, model: VideoGrid, width: int, height: int) -> RoomGrid:
+        return cls(model, model.fps, model.frames_per_chunk, model.audio_sample_rate, width, height)
+
+    def chunk_sample_range(self, n: int) -> tuple[int, int]:
+        return self.model.chunk_sample_range(n)
+
+
 def audio_frame_to_mono(frame: rtc.AudioFrame) -> np.ndarray:
     """int16 interleaved PCM of an `rtc.AudioFrame` -> float32 mono in [-1, 1] (channels averaged)."""
     pcm = np.frombuffer(frame.data, dtype=np.int16).astype(np.float32) / 32768.0
