@@ -281,3 +281,40 @@ def test_a_chunk_the_room_refuses_fails_the_decoder_ranks_next_wait() -> None:
             room.wait_lead()
     finally:
         room.close()
+
+
+def test_the_lead_counts_queued_frames_and_the_chunks_upstream() -> None:
+    """`wait_lead(upstream=n)`: frames queued (speech or silence alike) + n chunks still in the decoder stage, against
+    `lead_chunks` chunks of frames. The runner here never consumes (a room that never connects), so a wait that
+    holds ends in the stall error."""
+    from livekit.agents.voice.avatar import AvatarRunner
+    from vivant.worker.serving.livekit_avatar import RoomSession
+
+    class NeverPublishes(OfflineRoom):
+        def _avatar_runner(self, room: rtc.Room, receiver: Any, video: RoomVideo) -> AvatarRunner:
+            return RoomSession._avatar_runner(self, room, receiver, video)
+
+    room = NeverPublishes([], stall_timeout_s=0.5).start()
+    try:
+        room.deliver(0, frames(0), speech(0), span(0), False, room.clear_epoch)  # 8 items, 4 frames
+        room.deliver(1, frames(1), np.zeros(span(1), np.float32), 0, False, room.clear_epoch)
+        wait_until(lambda: room.video.next_chunk == 2)
+        room.wait_lead(upstream=1)  # 8 frames + 1 chunk = 3 chunks: no wait
+        with pytest.raises(RuntimeError, match="published video stalled"):
+            room.wait_lead(upstream=2)
+    finally:
+        room.close()
+
+
+async def test_a_turns_wait_is_counted_in_frames_handed_to_the_runner() -> None:
+    video = RoomVideo(CFG, lambda e: None)
+    silent(video, 0)
+    frames_out = video.__aiter__()
+    for _ in range(3):
+        await anext(frames_out)  # the runner takes 3 silent frames
+    await video.push_audio(rtc.AudioFrame(b"\x10\x00" * 1600, 16000, 1, 1600))  # a segment's first audio comes in
+    await anext(frames_out)  # the last silent frame
+    video.deliver(1, frames(1), speech(1), span(1), False, video.clear_epoch)
+    assert isinstance(await anext(frames_out), rtc.VideoFrame)
+    assert isinstance(await anext(frames_out), rtc.AudioFrame)
+    assert video.stats.turn_waits == [2], "the silent frame and the speech chunk's first frame were handed first"

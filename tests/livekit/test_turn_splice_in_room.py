@@ -96,9 +96,9 @@ async def test_a_turn_after_silence_is_spliced_in_a_real_room(livekit_server: Li
         second = rewinds[-1]
         keep = frames_held_by_runner(FPS) + math.ceil(second["lead_ms"] / 1e3 * FPS)
         bound = keep + 2 * FPC
-        print(f"second turn: heard {waited} video frames after its first sample was sent (bound {bound}: the splice "
-              f"keeps {keep}); rewinds {rewinds}; room splices {room['splices']}, {room['spliced_frames']} queued "
-              f"frames dropped")
+        print(f"second turn: heard {waited} video frames after its first sample was sent, published "
+              f"{room['turn_waits']} (bound {bound}: the splice keeps {keep}); rewinds {rewinds}; room splices "
+              f"{room['splices']}, {room['spliced_frames']} queued frames dropped")
         assert len(rewinds) == 2 and second["next_chunk"] > rewinds[0]["next_chunk"], rewinds
         assert [second["chunk"], second["frame"]] in room["splices"], (
             f"the decoder rank answered the second turn's rewind without the room's splice: {second}, {room}")

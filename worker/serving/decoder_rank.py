@@ -177,7 +177,7 @@ class DecoderRank:
             elif self.room is not None:
                 from vivant.worker.serving.livekit_avatar import ChunkMeta
 
-                self.room.wait_lead()
+                self.room.wait_lead(upstream=len(self.meta))
                 self.meta[m.chunk] = ChunkMeta(m.chunk, m.speech_samples, m.ends_segment, m.clear_epoch)
                 self.stage.submit(chunk)
             self.chunks += 1
@@ -236,7 +236,8 @@ class DecoderRank:
             stats = self.room.video.stats if self.room.video is not None else None
             if stats is not None:  # what the room handed to its runner: frame indices as [first, last] runs
                 self.trace.write(event="room", session=m.session, published=stats.published, splices=stats.splices,
-                                 spliced_frames=stats.spliced_frames, frames=stats.video_frames)
+                                 spliced_frames=stats.spliced_frames, frames=stats.video_frames,
+                                 turn_waits=stats.turn_waits)
         self.trace.write(event="end", session=m.session, chunks=self.chunks, error=self.error)
         self.trace.close()
         ack = Ack(session=m.session, chunks=self.chunks, error=self.error)

@@ -164,6 +164,8 @@ class VideoStats:
     splices: list[tuple[int, int]] = field(default_factory=list)  # (m, k) of each splice
     spliced_frames: int = 0  # queued frames a splice dropped (never published)
     published: list[list[int]] = field(default_factory=list)  # frames handed to the runner: [first, last] runs
+    # per speech segment: video frames handed to the runner from its first audio in to its first speech frame out
+    turn_waits: list[int] = field(default_factory=list)
 
     def note_published(self, frame: int) -> None:
         if self.published and self.published[-1][1] + 1 == frame:
@@ -202,11 +204,18 @@ class RoomVideo(VideoGenerator):
         self._skip: tuple[int, int] | None = None  # (m, k): the next delivery of chunk m is queued from its frame k
         self._nothing_in_hand = asyncio.Event()  # clear while the runner publishes an item it took from us
         self._nothing_in_hand.set()
+        self._handed = 0  # video frames handed to the runner
+        self._segment_open = False
+        self._turn_mark: int | None = None  # `_handed` when a segment's first audio came in, until its speech goes out
 
     async def push_audio(self, frame: rtc.AudioFrame | AudioSegmentEnd) -> None:
         if isinstance(frame, AudioSegmentEnd):
+            self._segment_open = False
             self.forward(("segment_end",))
         else:
+            if not self._segment_open:
+                self._segment_open = True
+                self._turn_mark = self._handed if self._turn_mark is None else self._turn_mark
             self.forward(("speech", audio_frame_to_mono(frame), frame.sample_rate))
 
     async def clear_buffer(self) -> None:
@@ -216,6 +225,7 @@ class RoomVideo(VideoGenerator):
         frame taken before the interrupt counts toward the interrupted playback instead of starting a new one
         (a stray `lk.playback_started`)."""
         self.forward(("clear",))
+        self._segment_open, self._turn_mark = False, None  # the speech waited for is not coming
         self._clear_epoch += 1
         self.stats.clears += 1
         self.stats.speech_samples_after_clear = 0
@@ -241,6 +251,10 @@ class RoomVideo(VideoGenerator):
 
     def queued_items(self) -> int:
         return self._ready.qsize()
+
+    def queued_frames(self) -> int:
+        """Video frames queued (not yet handed to the runner)."""
+        return sum(isinstance(q.item, rtc.VideoFrame) for q in self._ready._queue)  # noqa: SLF001 (on its loop)
 
     def deliver(self, index: int, frames: np.ndarray, pcm: np.ndarray, speech_samples: int, ends_segment: bool,
                 epoch: int) -> None:
@@ -397,6 +411,10 @@ class RoomVideo(VideoGenerator):
                 return
             if isinstance(q.item, rtc.VideoFrame):
                 self.stats.note_published(q.frame)
+                self._handed += 1
+            elif isinstance(q.item, rtc.AudioFrame) and self._turn_mark is not None:
+                self.stats.turn_waits.append(self._handed - self._turn_mark)
+                self._turn_mark = None
             self._nothing_in_hand.clear()
             try:
                 yield q.item
@@ -501,14 +519,16 @@ class RoomSession:
     `start` runs an event loop in a thread, joins the room with the assignment's URL and token, and starts
     `AvatarRunner` with `DataStreamAudioReceiver` (it waits for the agent participant) and a `RoomVideo`; every
     room event for rank 0 goes to `forward`. `deliver` hands a decoded chunk to the loop; `wait_lead` holds the
-    caller while more than `lead_chunks` chunks wait for publication (the AVSynchronizer consumes them at real
-    time), and fails when nothing was consumed for `stall_timeout_s`. `close` leaves the room."""
+    caller while more than `lead_chunks` chunks of frames wait for publication, counting those still in the decoder
+    stage (the AVSynchronizer consumes them at real time; within rank 0's undo depth, `rewind_chunks` = 4, a turn's
+    splice reaches every frame not handed to the runner), and fails when nothing was consumed for
+    `stall_timeout_s`. `close` leaves the room."""
 
     def __init__(self, grid: VideoGrid, join: AvatarJoin, forward: Callable[[RoomEvent], None], *,
                  connect_timeout_s: float = 20.0, lead_chunks: int = 3, stall_timeout_s: float = 10.0) -> None:
         self.grid, self.join, self.forward = grid, join, forward
         self.connect_timeout_s, self.stall_timeout_s = connect_timeout_s, stall_timeout_s
-        self.lead_items = lead_chunks * grid.frames_per_chunk * 2
+        self.lead_frames = lead_chunks * grid.frames_per_chunk
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="livekit-room-loop", daemon=True)
         self._thread.start()
@@ -565,11 +585,13 @@ class RoomSession:
     def clear_epoch(self) -> int:
         return self.video.clear_epoch
 
-    def wait_lead(self) -> None:
+    def wait_lead(self, upstream: int = 0) -> None:
+        """Hold the caller while the frames queued for publication plus `upstream` chunks (on their way: the decoder
+        stage's) exceed `lead_chunks` chunks (module docstring)."""
         waited_since = time.monotonic()
         if self.delivery_error is not None:
             raise RuntimeError(f"the room refused a decoded chunk: {self.delivery_error}")
-        while self._call(self._queued()) > self.lead_items:
+        while self._call(self._queued()) + upstream * self.grid.frames_per_chunk > self.lead_frames:
             if self.end.reason is not None:
                 return  # rank 0 is ending the session
             if time.monotonic() - waited_since > self.stall_timeout_s:
@@ -578,7 +600,7 @@ class RoomSession:
             time.sleep(self.grid.frames_per_chunk / self.grid.fps / 4)
 
     async def _queued(self) -> int:
-        return self.video.queued_items()
+        return self.video.queued_frames()
 
     def deliver(self, index: int, frames: np.ndarray, pcm: np.ndarray, speech_samples: int, ends_segment: bool,
                 epoch: int) -> None:
