@@ -17,7 +17,7 @@ from livekit import rtc
 from livekit.agents.voice.avatar import AudioSegmentEnd
 from test_livekit_avatar import OfflineRoom, wait_until
 from vivant.worker.model.config import ModelConfig
-from vivant.worker.serving.livekit_avatar import ChunkMeta, RoomVideo, frames_held_by_runner
+from vivant.worker.serving.room_video import ChunkMeta, RoomVideo, frames_held_by_runner
 from vivant.worker.stream.livekit_sink import pcm_to_audio_frame
 
 CFG = ModelConfig.from_name("tiny")  # 24 fps, 4 frames per chunk, 16 kHz

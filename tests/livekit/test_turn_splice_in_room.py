@@ -27,7 +27,7 @@ from livekit.agents.voice.avatar import DataStreamAudioOutput
 from test_worker_in_room import AGENT, AVATAR, agent_token, speech_frames, until
 from vivant.apis.livekit_token import LiveKitCredentials, mint_avatar_token
 from vivant.devcluster.livekit import LiveKitState
-from vivant.worker.serving.livekit_avatar import frames_held_by_runner
+from vivant.worker.serving.room_video import frames_held_by_runner
 from worker_proc import POOL, WorkerProcess, assignment
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -139,7 +139,8 @@ class DecoderRank:
         if runner is RunnerKind.GENERATOR:
             return
         if runner is RunnerKind.LIVEKIT:
-            from vivant.worker.serving.livekit_avatar import AvatarJoin, RoomGrid, RoomSession
+            from vivant.worker.serving.livekit_avatar import AvatarJoin, RoomSession
+            from vivant.worker.serving.room_video import RoomGrid
 
             session = self.session
 
@@ -175,7 +176,7 @@ class DecoderRank:
                     raise RuntimeError(f"playout failed: {self.playout.failed!r}")
                 self.playout.submit(chunk)
             elif self.room is not None:
-                from vivant.worker.serving.livekit_avatar import ChunkMeta
+                from vivant.worker.serving.room_video import ChunkMeta
 
                 self.room.wait_lead(upstream=len(self.meta))
                 self.meta[m.chunk] = ChunkMeta(m.chunk, m.speech_samples, m.ends_segment, m.clear_epoch)
