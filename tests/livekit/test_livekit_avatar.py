@@ -30,8 +30,9 @@ import pytest
 from livekit import rtc
 from livekit.agents.voice.avatar import AudioSegmentEnd, AvatarOptions, AvatarRunner, QueueAudioOutput
 from vivant.worker.model.config import ModelConfig
-from vivant.worker.serving.livekit_avatar import AvatarJoin, EndReason, EndWatch, RoomSession, RoomVideo
+from vivant.worker.serving.livekit_avatar import AvatarJoin, EndReason, EndWatch, RoomSession
 from vivant.worker.serving.room_feed import RoomFeed
+from vivant.worker.serving.room_video import RoomVideo
 from vivant.worker.stream.audio_in import AudioInput
 from vivant.worker.stream.livekit_sink import LiveKitSink
 from vivant.worker.stream.pacer import PublishedFrame

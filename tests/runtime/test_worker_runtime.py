@@ -297,6 +297,8 @@ def test_bad_audio_on_rank0_ends_the_session_cleanly_on_every_rank(redis_url, tm
     (["--mode", "ring"], "mode: expected one of optimized, baseline"),
     (["--device", "cuda", "--tensor-parallel", "2"], "needs 3 GPUs; this host has 0"),
     (["--checkpoint", "weights.safetensors"], "checkpoint: expected an absolute path"),
+    (["--vae-widths", "16"], "vae-widths: expected at least two positive integers, comma-separated, got '16'"),
+    (["--vae-widths", "16,x"], "vae-widths: expected at least two positive integers"),
 ])
 def test_bad_layouts_are_refused_before_anything_is_spawned(redis_url, capsys, args, message):
     from vivant.cli import main

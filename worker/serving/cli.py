@@ -33,6 +33,7 @@ from vivant.worker.serving.metrics import serve as serve_metrics
 from vivant.worker.serving.ranks import RankSpec, RunnerKind
 from vivant.worker.serving.runner import EXIT_FAULT, WorkerFault
 from vivant.worker.serving.service import WorkerService
+from vivant.worker.stream.vae import VAEConfig
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vae-weights", default=env.get("VIVANT_VAE_WEIGHTS") or None,
                         help="decoder safetensors (absolute path) for --runner pipeline|livekit; default: random "
                              "weights of the preset's shapes (env VIVANT_VAE_WEIGHTS)")
+    parser.add_argument("--vae-widths", default=None,
+                        help="the decoder's channel widths, comma-separated (e.g. 16,8,8: a decoder of other widths "
+                             "over the preset's latent grid, frames of 2^(n−1) × the latent size); default the preset's")
     parser.add_argument("--mode", default=CacheMode.OPTIMIZED.value, help=f"KV cache: {', '.join(_choices(CacheMode))}")
     parser.add_argument("--engine", default=env.get("VIVANT_ENGINE", EngineName.AUTO.value),
                         help="what runs the denoising passes (env VIVANT_ENGINE): auto = fast on a CUDA device with "
@@ -120,6 +124,21 @@ def _choice(enum, value: str, option: str, env_name: str | None = None):  # noqa
                          f"got {value!r}") from None
 
 
+def _vae_widths(text: str, preset: str) -> VAEConfig:
+    """`--vae-widths 16,8,8` → the decoder's sizes over the preset's latent grid; ValueError naming the option."""
+    from vivant.worker.model.config import ModelConfig
+
+    try:
+        widths = tuple(int(w) for w in text.split(","))
+    except ValueError:
+        widths = ()
+    if len(widths) < 2 or min(widths) < 1:
+        raise ValueError(f"vae-widths: expected at least two positive integers, comma-separated, got {text!r}")
+    cfg = ModelConfig.from_name(preset)
+    return VAEConfig(name=f"{cfg.name}-widths-{'-'.join(map(str, widths))}", latent_h=cfg.latent_h,
+                     latent_w=cfg.latent_w, widths=widths, latent_channels=cfg.latent_channels)
+
+
 def rank_spec(args: argparse.Namespace) -> RankSpec:
     """The ranks' configuration from the command line; a ValueError names the option that is wrong."""
     runner = _choice(RunnerKind, args.runner, "--runner", "VIVANT_RUNNER")
@@ -143,6 +162,7 @@ def rank_spec(args: argparse.Namespace) -> RankSpec:
     weights = checkpoint_path(args.checkpoint)
     if args.vae_weights and not args.vae_weights.startswith("/"):
         raise ValueError(f"vae-weights: expected an absolute path (a mounted volume), got {args.vae_weights!r}")
+    vae = _vae_widths(args.vae_widths, args.preset) if args.vae_widths else None
     if args.speak and not Path(args.speak).is_file():
         raise ValueError(f"speak: {args.speak!r} is not a file")
     if args.cpu_threads < 1 or args.rank_timeout <= 0:
@@ -151,7 +171,7 @@ def rank_spec(args: argparse.Namespace) -> RankSpec:
     layout = RankLayout(tp=tp, device=device, decoder_device=decoder)  # ConfigError (a ValueError) on bad tp
     return RankSpec(layout=layout, init_method=f"tcp://127.0.0.1:{_free_port()}", preset=args.preset, mode=mode,
                     engine=engine, runner=runner, weights=str(weights) if weights else None,
-                    vae_weights=args.vae_weights, out_dir=args.out, speak=args.speak, timeout_s=args.rank_timeout,
+                    vae_weights=args.vae_weights, vae=vae, out_dir=args.out, speak=args.speak, timeout_s=args.rank_timeout,
                     cpu_threads=args.cpu_threads, log_level=args.log_level)
 
 

@@ -9,15 +9,19 @@ Per session, by `RunnerKind`:
              (vivant.worker.stream.playout), the lead limit holding rank 0 to `max_lead_chunks` ahead of playout;
   livekit    decoder stage → the assignment's LiveKit room (vivant.worker.serving.livekit_avatar.RoomSession: the
              avatar's AvatarRunner publishes through its AVSynchronizer at real time; the agent's speech, interrupts
-             and end reasons go to rank 0 on the status queue), held to `lead_chunks` chunks ahead of publication.
+             and end reasons go to rank 0 on the status queue), held to `lead_chunks` chunks ahead of publication;
+             with `--out` its record gets the room's published frame indices (as runs) and splices at END.
 
-A turn start or an interrupt (REWIND from rank 0): the pipeline's playout drops every frame not shown and not due
-within the keep horizon, from f* = frame k of chunk r on (`splice_for_rewind`: the horizon is the lead rank 0 sent —
-its diffuse time with a margin — plus this rank's own decode time; a chunk still in the decoder stage is judged whole
-by its slot, as in the one-process loop: kept when due within the horizon, for it could not be made again in time),
-and the rank answers (r, k): generation restarts at chunk r, whose remade frames ≥ k are shown; the generator and
-livekit kinds have no playout here and answer rank 0's next chunk (no rewind: the room's decoder stage and its
-AVSynchronizer keep what they have). Latents received again for chunk r … replace the kept files.
+A turn start or an interrupt (REWIND from rank 0, its cause in the word): frames not shown and not due within the
+keep horizon (`keep_horizon_s`: the lead rank 0 sent — its diffuse time with a margin — plus this rank's own decode
+time) are dropped from f* = frame k of chunk r on, and the rank answers (r, k): generation restarts at chunk r, whose
+remade frames ≥ k are shown. The pipeline's playout cuts its pacer (`splice_for_rewind`: a chunk still in the decoder
+stage is judged whole by its slot, as in the one-process loop: kept when due within the horizon, for it could not be
+made again in time); the livekit kind cuts the room's queue (`splice_room` → `RoomVideo.splice`, on the room's event
+loop under the decoder stage's lock: the frames the AvatarRunner and its AVSynchronizer hold count as shown, nothing
+behind the room's queued speech is cut, the chunks in the stage are judged whole, kept when due within the horizon
+or carrying speech) and then rewinds its decoder stage to r. The generator kind has no playout and answers rank 0's
+next chunk (no rewind). Latents received again for chunk r … replace the kept files.
 
 With `--out`, every kind also keeps the latents it received, and the pipeline keeps its playout report
 (`<out>/<session>/playout.json`: delivered fps, stalls, per-stage p50/p99 ms). A failure inside a session (a sink that cannot
@@ -46,15 +50,20 @@ from vivant.worker.stream.vae import build_vae_decoder, load_vae_decoder
 log = logging.getLogger(__name__)
 
 
+def keep_horizon_s(lead_s: float, decode_ms: list[float]) -> float:
+    """A splice's keep horizon (s): rank 0's lead (its time to diffuse chunk r again, with its margin) + the longest
+    of this rank's last 8 decode times (ms)."""
+    return lead_s + max(decode_ms[-8:], default=0.0) / 1e3
+
+
 def splice_for_rewind(playout: Playout, m: LinkMessage) -> tuple[int, int]:
     """The decoder rank's splice for REWIND `m` (module docstring): (r, k). Keep horizon (s) = `m.lead_s` (rank 0's
     time to diffuse chunk r again, with its margin) + the longest of this rank's last 8 decode times; the chunks in the
     decoder stage are judged whole by their slots (`Playout.splice(keep_pending_due=True)`), so one due within the
     horizon is kept and r moves past it. Every chunk before the REWIND word was submitted already (the link is in
     order), so the stage's chunks are exactly those rank 0 made and the pacer has not taken."""
-    horizon_s = m.lead_s + max(playout.decoder.decode_ms[-8:], default=0.0) / 1e3
-    return playout.splice(horizon_s, oldest=m.oldest, keep_pending_due=True,
-                          cause="interrupt" if m.interrupt else "turn")
+    horizon_s = keep_horizon_s(m.lead_s, playout.decoder.decode_ms)
+    return playout.splice(horizon_s, oldest=m.oldest, keep_pending_due=True, cause="interrupt" if m.interrupt else "turn")
 
 
 class DecoderRank:
@@ -90,7 +99,7 @@ class DecoderRank:
         self.playout: Playout | None = None
         self.room = None  # a LiveKit RoomSession
         self.stage: DecoderStage | None = None  # the LiveKit output's decoder stage (the playout has its own)
-        self.meta: dict[int, tuple] = {}  # chunk → (speech samples, ends segment, rank 0's clear epoch) for the room
+        self.meta: dict = {}  # the room's chunks in the decoder stage: index → ChunkMeta (livekit_avatar)
         self.chunks = 0
         self.error = ""
         self.trace = SessionTrace(None, self.rank)
@@ -131,13 +140,15 @@ class DecoderRank:
             return
         if runner is RunnerKind.LIVEKIT:
             from vivant.worker.serving.livekit_avatar import AvatarJoin, RoomSession
+            from vivant.worker.serving.room_video import RoomGrid
 
             session = self.session
 
             def forward(event: tuple) -> None:
                 self.status.put(("room", self.rank, session, event))
 
-            self.room = RoomSession(cfg, AvatarJoin.from_payload(payload), forward).start()
+            grid = RoomGrid.of(cfg, self.vae.cfg.out_w, self.vae.cfg.out_h)  # the frames' size is the decoder's
+            self.room = RoomSession(grid, AvatarJoin.from_payload(payload), forward).start()
             self.stage = DecoderStage(self.vae, self._to_room).start()
             return
         if self.folder is not None:
@@ -165,8 +176,10 @@ class DecoderRank:
                     raise RuntimeError(f"playout failed: {self.playout.failed!r}")
                 self.playout.submit(chunk)
             elif self.room is not None:
-                self.room.wait_lead()
-                self.meta[m.chunk] = (m.speech_samples, m.ends_segment, m.clear_epoch)
+                from vivant.worker.serving.room_video import ChunkMeta
+
+                self.room.wait_lead(upstream=len(self.meta))
+                self.meta[m.chunk] = ChunkMeta(m.chunk, m.speech_samples, m.ends_segment, m.clear_epoch)
                 self.stage.submit(chunk)
             self.chunks += 1
             self.trace.write(event="chunk", session=m.session, chunk=m.chunk)
@@ -177,17 +190,29 @@ class DecoderRank:
         """(r, k, chunks dropped) for a REWIND, the splice at frame k of chunk r (module docstring); a failed session
         answers "no rewind" (the next chunk, 0)."""
         r, k, dropped = m.chunk, 0, 0
-        if self.playout is not None and not self.error and m.session == self.session:
+        lead = m.lead_s
+        if not self.error and m.session == self.session and (self.playout is not None or self.room is not None):
             try:
-                r, k = splice_for_rewind(self.playout, m)
-                self.playout.record_rewind(m.chunk)
-                dropped = len(self.playout.rewinds[-1].dropped)
+                if self.playout is not None:
+                    lead = keep_horizon_s(m.lead_s, self.playout.decoder.decode_ms)
+                    r, k = splice_for_rewind(self.playout, m)
+                    self.playout.record_rewind(m.chunk)
+                    dropped = len(self.playout.rewinds[-1].dropped)
+                else:
+                    lead = keep_horizon_s(m.lead_s, self.stage.decode_ms)
+                    r, k = self._splice_room(lead, m.oldest)
+                    dropped = m.chunk - r
             except Exception as exc:  # noqa: BLE001
                 self._fail(exc)
                 r, k, dropped = m.chunk, 0, 0
         self.trace.write(event="rewind", session=m.session, chunk=r, frame=k, next_chunk=m.chunk, dropped=dropped,
-                         cause="interrupt" if m.interrupt else "turn")
+                         cause="interrupt" if m.interrupt else "turn", lead_ms=round(lead * 1e3, 3))
         return r, k, dropped
+
+    def _splice_room(self, lead_s: float, oldest: int) -> tuple[int, int]:
+        from vivant.worker.serving.livekit_avatar import splice_room
+
+        return splice_room(self.room, self.stage, self.meta, lead_s, oldest=oldest)
 
     def end(self, m: LinkMessage) -> Ack:
         report = None
@@ -209,6 +234,11 @@ class DecoderRank:
                 self.room.close((m.payload or {}).get("reason", ""))
             except Exception as exc:  # noqa: BLE001
                 self._fail(exc, report=False)
+            stats = self.room.video.stats if self.room.video is not None else None
+            if stats is not None:  # what the room handed to its runner: frame indices as [first, last] runs
+                self.trace.write(event="room", session=m.session, published=stats.published, splices=stats.splices,
+                                 spliced_frames=stats.spliced_frames, frames=stats.video_frames,
+                                 turn_waits=stats.turn_waits)
         self.trace.write(event="end", session=m.session, chunks=self.chunks, error=self.error)
         self.trace.close()
         ack = Ack(session=m.session, chunks=self.chunks, error=self.error)
@@ -221,8 +251,8 @@ class DecoderRank:
 
     def _to_room(self, chunk: DecodedChunk) -> None:
         """The decoder stage's thread: a decoded chunk to the room's event loop."""
-        speech, ends, epoch = self.meta.pop(chunk.index)
-        self.room.deliver(chunk.index, chunk.frames, chunk.audio, speech, ends, epoch)
+        meta = self.meta.pop(chunk.index)
+        self.room.deliver(chunk.index, chunk.frames, chunk.audio, meta.speech_samples, meta.ends_segment, meta.epoch)
 
     def _fail(self, exc: BaseException, *, report: bool = True) -> None:
         text = f"{type(exc).__name__}: {exc}"

@@ -11,7 +11,7 @@ needs from it — the agent's speech, interrupts, the reasons a session ends —
 events (`forward`), where `RoomFeed` (vivant.worker.serving.room_feed) applies them to the session between
 chunks:
 
-    decoder rank (RoomSession, RoomVideo)                     rank 0 (RoomFeed)
+    decoder rank (RoomSession, RoomVideo: room_video.py)      rank 0 (RoomFeed)
     agent speech (rtc.AudioFrame, any rate) ─ ("speech", pcm, rate) ─► AudioInput.push → chunked on the grid
     AudioSegmentEnd                          ─ ("segment_end",)     ─► AudioInput.end_segment
     lk.clear_buffer                          ─ ("clear",)           ─► AudioInput.clear_buffer
@@ -27,6 +27,19 @@ diffused or decoded when the interrupt came) is published muted, so no speech sa
 interrupt and the video returns to idle within the chunks in flight. `AvatarRunner` then reports
 `lk.playback_finished(interrupted=True)`.
 
+Turn starts and interrupts (docs/ARCHITECTURE.md, "Rewind at a turn start"): rank 0's REWIND reaches the decoder
+rank, which splices the room's queue (`splice_room`): every queued item knows its chunk and frame;
+`RoomVideo.splice` drops the queued frames published later than now + the keep horizon, from f* = frame k of chunk
+m on, and the next delivery is chunk m made again, queued from its frame k (each frame with its own 1/24 s of
+audio). The frames the `AvatarRunner` already took — the AVSynchronizer's video queue, the frame it paces and the
+one being pushed (`frames_held_by_runner`) — count as shown: the SDK can clear that queue only whole
+(`AVSynchronizer.clear_queue`, with every queued audio sample). Nothing behind queued speech or a segment end is
+cut, so a splice drops only frames whose speech is not playing (silent frames made ahead, or frames an interrupt
+muted: after `clear_buffer` the cut returns the face to idle sooner) and `lk.playback_started/finished` stay as they
+are. The chunks still in the decoder stage are judged whole (kept when due within the horizon or carrying speech),
+and the stage rewinds to m. The decoder rank's record gets the published frame indices (as runs) and the splices at
+END.
+
 `EndWatch` ends a session for one of five reasons: the agent left the room, an `END_CALL` data message
 (`{"type": "END_CALL"}`, what hosted-avatar plugins send on agent shutdown), max duration, the CharacterSession
 deleted (the service's `EndRequest`, passed on at END), or the room disconnected. `RoomSession`'s server-facing
@@ -41,23 +54,29 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from livekit import rtc
 from livekit.agents.voice.avatar import (
-    AudioSegmentEnd,
     AvatarOptions,
     AvatarRunner,
     DataStreamAudioReceiver,
-    VideoGenerator,
 )
 from vivant.worker.serving.room_feed import RoomEvent
-from vivant.worker.stream.audio_in import ChunkGrid
-from vivant.worker.stream.livekit_sink import pcm_to_audio_frame, rgb_to_video_frame
+from vivant.worker.serving.room_video import (
+    SYNC_QUEUE_MS,
+    ChunkMeta,
+    RoomVideo,
+    VideoGrid,
+    frames_held_by_runner,
+)
+
+if TYPE_CHECKING:
+    from vivant.worker.stream.decoder_stage import DecoderStage
 
 log = logging.getLogger(__name__)
 
@@ -72,132 +91,22 @@ class EndReason(StrEnum):
     DISCONNECTED = "RoomDisconnected"
 
 
-class VideoGrid(ChunkGrid, Protocol):
-    fps: int
-    frames_per_chunk: int
-    width: int
-    height: int
-    audio_sample_rate: int
-
-
-def audio_frame_to_mono(frame: rtc.AudioFrame) -> np.ndarray:
-    """int16 interleaved PCM of an `rtc.AudioFrame` -> float32 mono in [-1, 1] (channels averaged)."""
-    pcm = np.frombuffer(frame.data, dtype=np.int16).astype(np.float32) / 32768.0
-    ch = frame.num_channels
-    if ch > 1:
-        pcm = pcm.reshape(-1, ch).mean(axis=1)
-    return pcm
-
-
 # ------------------------------------------------------------------------------------------ the decoder rank
 
 
-@dataclass
-class VideoStats:
-    chunks: int = 0
-    speech_chunks: int = 0
-    video_frames: int = 0
-    audio_samples_out: int = 0
-    clears: int = 0
-    speech_samples_after_clear: int = 0  # speech published after the latest clear_buffer (should be 0)
-    chunk_sizes: list[int] = field(default_factory=list)
-
-
-class RoomVideo(VideoGenerator):
-    """The avatar's `VideoGenerator` on the decoder rank (module docstring): the agent's audio is forwarded to
-    rank 0; decoded chunks come in with `deliver` (on the event loop) and are read by the `AvatarRunner`."""
-
-    HANDOFF_TIMEOUT_S = 1.0  # an item's publication takes at most a frame interval (the synchronizer's pacing)
-
-    def __init__(self, grid: VideoGrid, forward: Callable[[RoomEvent], None]) -> None:
-        self.grid, self.forward = grid, forward
-        self.stats = VideoStats()
-        self._ready: asyncio.Queue[rtc.VideoFrame | rtc.AudioFrame | AudioSegmentEnd | None] = asyncio.Queue()
-        self._clear_epoch = 0
-        self._nothing_in_hand = asyncio.Event()  # clear while the runner publishes an item it took from us
-        self._nothing_in_hand.set()
-
-    async def push_audio(self, frame: rtc.AudioFrame | AudioSegmentEnd) -> None:
-        if isinstance(frame, AudioSegmentEnd):
-            self.forward(("segment_end",))
-        else:
-            self.forward(("speech", audio_frame_to_mono(frame), frame.sample_rate))
-
-    async def clear_buffer(self) -> None:
-        """An interrupt (the runner awaits this before it reports `lk.playback_finished(interrupted=True)` and
-        resets its playback position): forward it to rank 0, drop the speech queued here, then wait (at most
-        `HANDOFF_TIMEOUT_S`) until the runner has published the item it already took from us, so that a speech
-        frame taken before the interrupt counts toward the interrupted playback instead of starting a new one
-        (a stray `lk.playback_started`)."""
-        self.forward(("clear",))
-        self._clear_epoch += 1
-        self.stats.clears += 1
-        self.stats.speech_samples_after_clear = 0
-        kept = []  # delivered but not yet published: keep the video, drop the speech
-        while not self._ready.empty():
-            item = self._ready.get_nowait()
-            if not isinstance(item, rtc.AudioFrame | AudioSegmentEnd):
-                kept.append(item)
-        for item in kept:
-            self._ready.put_nowait(item)
-        try:
-            await asyncio.wait_for(self._nothing_in_hand.wait(), self.HANDOFF_TIMEOUT_S)
-        except TimeoutError:
-            log.warning("interrupt: the avatar runner still publishes a frame after %.1fs", self.HANDOFF_TIMEOUT_S)
-
-    def close(self) -> None:
-        self._ready.put_nowait(None)
-
-    @property
-    def clear_epoch(self) -> int:
-        return self._clear_epoch
-
-    def queued_items(self) -> int:
-        return self._ready.qsize()
-
-    def deliver(self, index: int, frames: np.ndarray, pcm: np.ndarray, speech_samples: int, ends_segment: bool,
-                epoch: int) -> None:
-        """On the event loop: queue chunk `index`'s frames uint8 [frames_per_chunk, H, W, 3] and, for speech, each
-        frame's 1/24 s of `pcm` — muted when `epoch` (the clears rank 0 had applied when it took the chunk's audio)
-        is behind this generator's clears."""
-        g = self.grid
-        if frames.shape != (g.frames_per_chunk, g.height, g.width, 3):
-            raise ValueError(f"decoded frames: expected [{g.frames_per_chunk}, {g.height}, {g.width}, 3], "
-                             f"got {list(frames.shape)}")
-        rate = g.audio_sample_rate
-        current = epoch == self._clear_epoch
-        speech = speech_samples > 0 and current
-        self.stats.chunks += 1
-        self.stats.speech_chunks += int(speech_samples > 0)
-        self.stats.chunk_sizes.append(len(pcm))
-        start, _ = g.chunk_sample_range(index)
-        for j in range(g.frames_per_chunk):
-            self._ready.put_nowait(rgb_to_video_frame(frames[j]))
-            self.stats.video_frames += 1
-            f = index * g.frames_per_chunk + j  # this frame's sample span on the grid
-            a0, a1 = f * rate // g.fps - start, (f + 1) * rate // g.fps - start
-            if speech:
-                piece = pcm[a0:a1]
-                self.stats.audio_samples_out += len(piece)
-                if self.stats.clears:
-                    self.stats.speech_samples_after_clear += int(np.count_nonzero(piece))
-                self._ready.put_nowait(pcm_to_audio_frame(piece, rate))
-        if ends_segment and current:
-            self._ready.put_nowait(AudioSegmentEnd())
-
-    def __aiter__(self) -> AsyncIterator[rtc.VideoFrame | rtc.AudioFrame | AudioSegmentEnd]:
-        return self._from_queue()
-
-    async def _from_queue(self) -> AsyncIterator[rtc.VideoFrame | rtc.AudioFrame | AudioSegmentEnd]:
-        while True:
-            item = await self._ready.get()
-            if item is None:
-                return
-            self._nothing_in_hand.clear()
-            try:
-                yield item
-            finally:
-                self._nothing_in_hand.set()
+def splice_room(room: RoomSession, stage: DecoderStage, pending: dict[int, ChunkMeta], keep_s: float, *,
+                oldest: int = 0) -> tuple[int, int]:
+    """The livekit kind's splice on the decoder rank: under the decoder stage's lock (no chunk reaches the room
+    meanwhile) the room cuts its queue (`RoomSession.splice`, the chunks still in the stage, `pending`, judged whole),
+    then the stage drops the chunks ≥ m and returns its causal state to after m − 1; their entries leave `pending`
+    (index → ChunkMeta of the chunks submitted to the stage and not yet delivered). Returns (m, k)."""
+    with stage.lock:
+        oldest = max(oldest, stage.oldest_rewind())
+        m, k = room.splice(keep_s, oldest=oldest, pending=[pending[c] for c in sorted(pending)])
+        stage.rewind(m)
+        for c in [c for c in pending if c >= m]:
+            del pending[c]
+    return m, k
 
 
 class EndWatch:
@@ -282,14 +191,16 @@ class RoomSession:
     `start` runs an event loop in a thread, joins the room with the assignment's URL and token, and starts
     `AvatarRunner` with `DataStreamAudioReceiver` (it waits for the agent participant) and a `RoomVideo`; every
     room event for rank 0 goes to `forward`. `deliver` hands a decoded chunk to the loop; `wait_lead` holds the
-    caller while more than `lead_chunks` chunks wait for publication (the AVSynchronizer consumes them at real
-    time), and fails when nothing was consumed for `stall_timeout_s`. `close` leaves the room."""
+    caller while more than `lead_chunks` chunks of frames wait for publication, counting those still in the decoder
+    stage (the AVSynchronizer consumes them at real time; within rank 0's undo depth, `rewind_chunks` = 4, a turn's
+    splice reaches every frame not handed to the runner), and fails when nothing was consumed for
+    `stall_timeout_s`. `close` leaves the room."""
 
     def __init__(self, grid: VideoGrid, join: AvatarJoin, forward: Callable[[RoomEvent], None], *,
                  connect_timeout_s: float = 20.0, lead_chunks: int = 3, stall_timeout_s: float = 10.0) -> None:
         self.grid, self.join, self.forward = grid, join, forward
         self.connect_timeout_s, self.stall_timeout_s = connect_timeout_s, stall_timeout_s
-        self.lead_items = lead_chunks * grid.frames_per_chunk * 2
+        self.lead_frames = lead_chunks * grid.frames_per_chunk
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="livekit-room-loop", daemon=True)
         self._thread.start()
@@ -297,6 +208,7 @@ class RoomSession:
         self.video: RoomVideo | None = None
         self.end: EndWatch | None = None
         self.runner: AvatarRunner | None = None
+        self.delivery_error: Exception | None = None  # the first chunk the room refused (raised by wait_lead)
 
     def _call(self, coro: Any, timeout: float | None = None) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -316,7 +228,7 @@ class RoomSession:
         end.attach(room)
         try:
             await self._connect(room)
-            video = RoomVideo(self.grid, self.forward)
+            video = RoomVideo(self.grid, self.forward, held_frames=frames_held_by_runner(self.grid.fps, SYNC_QUEUE_MS))
             runner = self._avatar_runner(room, self._audio_receiver(room), video)
             await asyncio.wait_for(runner.start(), self.connect_timeout_s)  # waits for the agent participant
         except BaseException:
@@ -332,7 +244,8 @@ class RoomSession:
         return DataStreamAudioReceiver(room, sender_identity=self.join.agent_identity)
 
     def _avatar_runner(self, room: rtc.Room, receiver: Any, video: RoomVideo) -> AvatarRunner:
-        return AvatarRunner(room, audio_recv=receiver, video_gen=video, options=self.avatar_options())
+        return AvatarRunner(room, audio_recv=receiver, video_gen=video, options=self.avatar_options(),
+                            _queue_size_ms=SYNC_QUEUE_MS)
 
     def avatar_options(self) -> AvatarOptions:
         g = self.grid
@@ -344,9 +257,13 @@ class RoomSession:
     def clear_epoch(self) -> int:
         return self.video.clear_epoch
 
-    def wait_lead(self) -> None:
+    def wait_lead(self, upstream: int = 0) -> None:
+        """Hold the caller while the frames queued for publication plus `upstream` chunks (on their way: the decoder
+        stage's) exceed `lead_chunks` chunks (module docstring)."""
         waited_since = time.monotonic()
-        while self._call(self._queued()) > self.lead_items:
+        if self.delivery_error is not None:
+            raise RuntimeError(f"the room refused a decoded chunk: {self.delivery_error}")
+        while self._call(self._queued()) + upstream * self.grid.frames_per_chunk > self.lead_frames:
             if self.end.reason is not None:
                 return  # rank 0 is ending the session
             if time.monotonic() - waited_since > self.stall_timeout_s:
@@ -355,11 +272,27 @@ class RoomSession:
             time.sleep(self.grid.frames_per_chunk / self.grid.fps / 4)
 
     async def _queued(self) -> int:
-        return self.video.queued_items()
+        return self.video.queued_frames()
 
     def deliver(self, index: int, frames: np.ndarray, pcm: np.ndarray, speech_samples: int, ends_segment: bool,
                 epoch: int) -> None:
-        self.loop.call_soon_threadsafe(self.video.deliver, index, frames, pcm, speech_samples, ends_segment, epoch)
+        """`RoomVideo.deliver` on the room's loop; a chunk it refuses fails the next `wait_lead`."""
+        self.loop.call_soon_threadsafe(self._deliver, index, frames, pcm, speech_samples, ends_segment, epoch)
+
+    def _deliver(self, *chunk: Any) -> None:
+        try:
+            self.video.deliver(*chunk)
+        except ValueError as exc:  # out of order or the wrong shape: kept for the decoder rank's next wait_lead
+            log.error("room delivery: %s", exc)
+            self.delivery_error = self.delivery_error or exc
+
+    def splice(self, keep_s: float, *, oldest: int = 0, pending: Sequence[ChunkMeta] = ()) -> tuple[int, int]:
+        """`RoomVideo.splice` on the room's event loop, after every chunk `deliver` handed over before (the loop runs
+        callbacks in order); the caller holds its decoder stage's lock, so no chunk is delivered meanwhile."""
+        return self._call(self._splice(keep_s, oldest, pending), timeout=10)
+
+    async def _splice(self, keep_s: float, oldest: int, pending: Sequence[ChunkMeta]) -> tuple[int, int]:
+        return self.video.splice(keep_s, oldest=oldest, pending=pending)
 
     def close(self, reason: str = "") -> None:
         """Leave the room (after the last chunk was delivered); `reason`, when it is an EndReason (the operator's

@@ -25,14 +25,15 @@ the `SessionRunner` the worker service drives (vivant.worker.serving.service): t
 Rewind at a turn start (docs/ARCHITECTURE.md): before taking a chunk whose first sample starts a new turn (the agent's
 speech after silence, after `lk.clear_buffer`, or a `--speak` file), rank 0 asks the decoder rank (REWIND on the
 link, with the lead to keep: a few recent diffuse times) where generation restarts; the decoder rank drops what was
-not shown (`Playout.splice`: frames from f*, frame k of chunk r) and answers (r, k); rank 0 sends REWIND r to every
-DiT rank before the next CHUNK word, and rewinds its generator to r and its audio input to r keeping the samples
-chunk r took for its frames < k, so the turn's speech is taken by chunk r from frame k's first sample (the decoder
-rank shows the remade chunk r from frame k). An interrupt (`lk.clear_buffer`: the audio input's `clears` moved since
-the last chunk) is the same splice, marked as one on REWIND: the speech the dropped frames took stays discarded, so
-chunk r is made again from silence from frame k, and the decoder rank's pacer shows the remade frame in the cut's slot
-(no held frame). Runners without a playout (generator, livekit) answer the next chunk: no rewind (a room mutes the
-interrupted speech itself).
+not shown (frames from f*, frame k of chunk r: the pipeline runner's `Playout.splice`, the livekit runner's room
+queue, `RoomVideo.splice`) and answers (r, k); rank 0 sends REWIND r to every DiT rank before the next CHUNK word, and
+rewinds its generator to r and its audio input to r keeping the samples chunk r took for its frames < k, so the
+turn's speech is taken by chunk r from frame k's first sample (the decoder rank shows, or publishes in the room, the
+remade chunk r from frame k). An interrupt (`lk.clear_buffer`: the audio input's `clears` moved since the last chunk)
+is the same splice, marked as one on REWIND: the speech the dropped frames took stays discarded, so chunk r is made
+again from silence from frame k, and the decoder rank's pacer shows the remade frame in the cut's slot (no held
+frame); in a room, which mutes the interrupted speech itself, the cut returns the face to idle sooner. One code path
+for both runners; the generator runner (no playout) answers the next chunk: no rewind.
 
 Any failure of a collective or of a rank is a `RankFailure` naming the rank (the supervisor's reason when a
 child died), which the service turns into the session's end reason before the worker exits non-zero.

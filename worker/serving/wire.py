@@ -15,8 +15,8 @@ knows what comes next and every rank issues the same collectives in the same ord
         interrupt, 0, 0] (interrupt 1: an interrupt's splice, 0: a turn start's), answered by
     rewind answer (the decoder rank → rank 0, after REWIND), int64 [8]:
         [session, r, chunks dropped, k, 0, …]: (r, k) is the frame generation restarts at, frame k of chunk r
-        (`Playout.splice(lead, oldest=…)`: chunk r is made again and its frames < k were kept); (next chunk, 0), i.e.
-        no rewind, for runners without a playout: generator, livekit
+        (`Playout.splice(lead, oldest=…)` or, runner livekit, `RoomVideo.splice`: chunk r is made again and its
+        frames < k were kept); (next chunk, 0), i.e. no rewind, for the generator runner (no playout)
     acknowledgement (the decoder rank → rank 0, after END), int64 [8]:
         [session, chunks, frames published, generated frames published, stalls, repeated frames, error bytes, 0]
         then the error text (uint8, UTF-8) when there is one
