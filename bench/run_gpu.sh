@@ -36,10 +36,12 @@ step tests "gpu tests" python3 -m pytest -q -m gpu tests/kernels tests/stream/te
 step tp4 "bench step 57b tp4 rank0" python3 -m vivant bench step --preset 57b --tp 4 --rank 0 --device ${SESSION_DEVICE:-cuda} \
     --chunks 20 --warmup 8 --numerics-chunks ${NUMERICS_CHUNKS:-104} ${STEP_ARGS:-} --out "$OUT/step_57b_tp4_rank0${STEP_TAG:-}.json"
 # the turn latency on the served engine (bench/turn.py): ref as it is, and with each chunk padded to the 57b step
-step turn "bench turn: ref on cuda, and at the 57b per-rank step time" bash -c "timeout ${TURN_TIMEOUT:-150} \
-    python3 -m vivant bench turn --preset ref --device cuda --turns ${TURNS:-20} --json $OUT/turn_ref_cuda.json; \
+# (TURN_RUNS: which of the two, default both: ref,57b)
+step turn "bench turn: ref on cuda, and at the 57b per-rank step time" bash -c "case ,${TURN_RUNS:-ref,57b}, in *,ref,*) \
     timeout ${TURN_TIMEOUT:-150} python3 -m vivant bench turn --preset ref --device cuda --turns ${TURNS:-20} \
-    --step-ms ${TURN_STEP_MS:-109.95} --json $OUT/turn_ref_cuda_57b-step.json"
+    --json $OUT/turn_ref_cuda.json;; esac; case ,${TURN_RUNS:-ref,57b}, in *,57b,*) \
+    timeout ${TURN_TIMEOUT:-150} python3 -m vivant bench turn --preset ref --device cuda --turns ${TURNS:-20} \
+    --step-ms ${TURN_STEP_MS:-109.95} --json $OUT/turn_ref_cuda_57b-step.json;; esac"
 # each engine choice against its absence, one process, same weights (bench/ablation.py; docs/BENCHMARKS.md's head)
 step ablation "bench step --ablation 57b tp4 rank0: one choice undone per row" python3 -m vivant bench step --ablation \
     --preset 57b --tp 4 --rank 0 --device cuda --chunks ${ABLATION_CHUNKS:-20} --warmup ${ABLATION_WARMUP:-8} \

@@ -82,6 +82,19 @@ async def test_the_queue_is_cut_at_the_first_frame_due_after_the_horizon(kept: i
     assert video.stats.published == [[0, (m + 2) * FPC - 1]], "every frame index published once, in order"
 
 
+async def test_a_cut_leaves_the_producer_time_for_the_chunk_after_the_remade_one() -> None:
+    """`next_chunk_s`: frame 7 (chunk 1's last) is the first due after the horizon of 7 kept frames, but the chunk
+    after a chunk 1 remade from its frame 3 would be due one frame later; with 2.5 frames' time for it the cut moves
+    to chunk 2's first frame. A bad value is named and cuts nothing."""
+    video = RoomVideo(CFG, lambda e: None)
+    silent(video, 0, 1, 2, 3)
+    with pytest.raises(ValueError, match="next_chunk_s = -1"):
+        video.splice(horizon(7), next_chunk_s=-1)
+    assert video.stats.spliced_frames == 0
+    assert video.splice(horizon(7), next_chunk_s=2.5 / FPS) == (2, 0)
+    assert video.stats.spliced_frames == 16 - 8
+
+
 async def test_the_remade_chunk_brings_its_speech_from_frame_k_one_frame_of_audio_per_frame() -> None:
     video = RoomVideo(CFG, lambda e: None)
     silent(video, 0, 1)

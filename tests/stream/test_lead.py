@@ -34,6 +34,7 @@ def test_keeps_the_configured_lead_until_enough_chunks_are_measured():
     assert ctl.work_p99_s() is None and ctl.target() == 3 and ctl.lead == 3
     assert ctl.changes == [(0, 3)]
     assert ctl.min_lead_s() == pytest.approx(3 * PERIOD), "before measurements the rewind keeps the configured span"
+    assert ctl.diffuse_p99_s() == 0.0, "no next-chunk time before measurements (the configured span covers it)"
 
 
 def test_fast_steady_chunks_shrink_the_lead_to_one():
@@ -48,6 +49,7 @@ def test_warm_up_chunks_do_not_count():
     feed(ctl, FakeClock(), [5.0, 2.0] + [0.03] * 6, [1.0, 0.5] + [0.02] * 6)  # two slow first chunks (compile)
     assert ctl.work_p99_s() == pytest.approx(0.05) and ctl.update(8) == 1
     assert ctl.min_lead_s() == pytest.approx(0.05 + ctl.config.margin_s), "the rewind keeps the work plus the margin"
+    assert ctl.diffuse_p99_s() == pytest.approx(0.03), "a splice's next-chunk time: the diffuse alone"
 
 
 def test_the_lead_covers_the_p99_of_jittery_chunks_not_their_mean():

@@ -340,3 +340,22 @@ def test_playout_splice_shows_the_old_frames_before_k_then_the_remade_chunk(vae)
     for f in got:
         want = (old if f.content_index < cut else new)[f.content_index]
         assert np.array_equal(f.rgb, want.rgb), f"frame {f.content_index} (cut at {cut}) differs"
+
+
+def test_a_splice_leaves_the_producer_time_for_the_chunk_after_the_remade_one():
+    """`next_chunk_s`: with a chunk costing more than a frame period to make, a cut at the last frame of a chunk would
+    leave one frame period for the whole next chunk (a late stall). Frame k of chunk m qualifies only if chunk m + 1,
+    due (F − k) frames after it, is due later than the horizon + next_chunk_s; with 0 the cut is the plain one."""
+    pacer, clock = started()
+    twin, twin_clock = started()
+    # slot 0 published at t = 0; horizon 2.5 frames → frame 3 (chunk 0's last) is the first due after it
+    assert pacer.splice_unshown(2.5 / FPS) == (0, 3)
+    # the chunk after the remade one must be due later than 2.5 + 2.2 = 4.7 frames: a cut at frame 3 (then chunk 1
+    # is due at 4) does not qualify; a cut at chunk 1's frame 0 (due at 4 > 2.5, chunk 2 then due at 8) does
+    assert twin.splice_unshown(2.5 / FPS, next_chunk_s=2.2 / FPS) == (1, 0)
+    twin.push(decoded(1, mark=100))
+    twin_clock.set(8 / FPS)
+    assert shown(twin.poll()) == [(1, 1), (2, 2), (3, 3)] + [(4 + j, 104 + j) for j in range(4)], \
+        "frames 1–3 of chunk 0 play, then the remade chunk 1 whole"
+    with pytest.raises(ValueError, match="next_chunk_s = -0.1; expected finite seconds ≥ 0"):
+        twin.splice_unshown(0.0, next_chunk_s=-0.1)

@@ -63,7 +63,8 @@ def splice_for_rewind(playout: Playout, m: LinkMessage) -> tuple[int, int]:
     horizon is kept and r moves past it. Every chunk before the REWIND word was submitted already (the link is in
     order), so the stage's chunks are exactly those rank 0 made and the pacer has not taken."""
     horizon_s = keep_horizon_s(m.lead_s, playout.decoder.decode_ms)
-    return playout.splice(horizon_s, oldest=m.oldest, keep_pending_due=True, cause="interrupt" if m.interrupt else "turn")
+    return playout.splice(horizon_s, oldest=m.oldest, keep_pending_due=True, cause="interrupt" if m.interrupt else "turn",
+                          next_chunk_s=m.lead_s)
 
 
 class DecoderRank:
@@ -212,7 +213,7 @@ class DecoderRank:
     def _splice_room(self, lead_s: float, oldest: int) -> tuple[int, int]:
         from vivant.worker.serving.livekit_avatar import splice_room
 
-        return splice_room(self.room, self.stage, self.meta, lead_s, oldest=oldest)
+        return splice_room(self.room, self.stage, self.meta, lead_s, oldest=oldest, next_chunk_s=lead_s)
 
     def end(self, m: LinkMessage) -> Ack:
         report = None

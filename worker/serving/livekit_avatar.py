@@ -95,14 +95,16 @@ class EndReason(StrEnum):
 
 
 def splice_room(room: RoomSession, stage: DecoderStage, pending: dict[int, ChunkMeta], keep_s: float, *,
-                oldest: int = 0) -> tuple[int, int]:
+                oldest: int = 0, next_chunk_s: float = 0.0) -> tuple[int, int]:
     """The livekit kind's splice on the decoder rank: under the decoder stage's lock (no chunk reaches the room
     meanwhile) the room cuts its queue (`RoomSession.splice`, the chunks still in the stage, `pending`, judged whole),
     then the stage drops the chunks ≥ m and returns its causal state to after m − 1; their entries leave `pending`
-    (index → ChunkMeta of the chunks submitted to the stage and not yet delivered). Returns (m, k)."""
+    (index → ChunkMeta of the chunks submitted to the stage and not yet delivered); `next_chunk_s` as for
+    `RoomVideo.splice`. Returns (m, k)."""
     with stage.lock:
         oldest = max(oldest, stage.oldest_rewind())
-        m, k = room.splice(keep_s, oldest=oldest, pending=[pending[c] for c in sorted(pending)])
+        m, k = room.splice(keep_s, oldest=oldest, pending=[pending[c] for c in sorted(pending)],
+                           next_chunk_s=next_chunk_s)
         stage.rewind(m)
         for c in [c for c in pending if c >= m]:
             del pending[c]
@@ -286,13 +288,15 @@ class RoomSession:
             log.error("room delivery: %s", exc)
             self.delivery_error = self.delivery_error or exc
 
-    def splice(self, keep_s: float, *, oldest: int = 0, pending: Sequence[ChunkMeta] = ()) -> tuple[int, int]:
+    def splice(self, keep_s: float, *, oldest: int = 0, pending: Sequence[ChunkMeta] = (),
+               next_chunk_s: float = 0.0) -> tuple[int, int]:
         """`RoomVideo.splice` on the room's event loop, after every chunk `deliver` handed over before (the loop runs
         callbacks in order); the caller holds its decoder stage's lock, so no chunk is delivered meanwhile."""
-        return self._call(self._splice(keep_s, oldest, pending), timeout=10)
+        return self._call(self._splice(keep_s, oldest, pending, next_chunk_s), timeout=10)
 
-    async def _splice(self, keep_s: float, oldest: int, pending: Sequence[ChunkMeta]) -> tuple[int, int]:
-        return self.video.splice(keep_s, oldest=oldest, pending=pending)
+    async def _splice(self, keep_s: float, oldest: int, pending: Sequence[ChunkMeta],
+                      next_chunk_s: float) -> tuple[int, int]:
+        return self.video.splice(keep_s, oldest=oldest, pending=pending, next_chunk_s=next_chunk_s)
 
     def close(self, reason: str = "") -> None:
         """Leave the room (after the last chunk was delivered); `reason`, when it is an EndReason (the operator's

@@ -230,7 +230,8 @@ class RoomVideo(VideoGenerator):
             self._ready.put_nowait(_Queued(AudioSegmentEnd(), (index + 1) * g.frames_per_chunk - 1))
 
     # ---- the splice at a turn start (docs/ARCHITECTURE.md, "Rewind at a turn start") ----------------------------
-    def splice(self, keep_s: float, *, oldest: int = 0, pending: Sequence[ChunkMeta] = ()) -> tuple[int, int]:
+    def splice(self, keep_s: float, *, oldest: int = 0, pending: Sequence[ChunkMeta] = (),
+               next_chunk_s: float = 0.0) -> tuple[int, int]:
         """On the event loop: cut the queue where generation restarts for a new turn; returns (m, k), and the next
         delivery is chunk m, queued from its frame k.
 
@@ -242,10 +243,14 @@ class RoomVideo(VideoGenerator):
         `lk.playback_started/finished` stay as they are. `pending`: the chunks still
         upstream (in the decoder stage), in order from `next_chunk`; when no queued frame is dropped they are judged
         whole, by the slot their first frame will get: one due within `keep_s`, or carrying speech of the current
-        epoch, is kept (m moves past it); the caller drops those ≥ m. ValueError naming `keep_s`, `oldest` or
-        `pending` when they are not what is expected."""
+        epoch, is kept (m moves past it); the caller drops those ≥ m. `next_chunk_s`: the producer's time for one
+        more chunk after the remade one; frame k of chunk m qualifies as f* only if chunk m + 1, due (F − k) frames
+        after it, is due later than `keep_s` + `next_chunk_s` (as `Pacer.splice_unshown`). ValueError naming
+        `keep_s`, `next_chunk_s`, `oldest` or `pending` when they are not what is expected."""
         if not isinstance(keep_s, int | float) or not math.isfinite(keep_s) or keep_s < 0:
             raise ValueError(f"splice keep_s = {keep_s!r}; expected finite seconds ≥ 0")
+        if not isinstance(next_chunk_s, int | float) or not math.isfinite(next_chunk_s) or next_chunk_s < 0:
+            raise ValueError(f"splice next_chunk_s = {next_chunk_s!r}; expected finite seconds ≥ 0")
         if isinstance(oldest, bool) or not isinstance(oldest, int) or oldest < 0:
             raise ValueError(f"splice oldest = {oldest!r}; expected a chunk index ≥ 0")
         indices = [p.index for p in pending]
@@ -266,7 +271,9 @@ class RoomVideo(VideoGenerator):
         for p, q in enumerate(queued):
             if not isinstance(q.item, rtc.VideoFrame):
                 continue
-            if p >= floor and q.frame // fpc >= oldest and (self.held_frames + ahead) / fps > keep_s:
+            due = (self.held_frames + ahead) / fps
+            if (p >= floor and q.frame // fpc >= oldest and due > keep_s
+                    and due + (fpc - q.frame % fpc) / fps > keep_s + next_chunk_s):
                 return self.cut(*divmod(q.frame, fpc))
             ahead += 1
         m = max(self._next_chunk, oldest)
@@ -274,7 +281,7 @@ class RoomVideo(VideoGenerator):
         last_playing = max((i for i, x in enumerate(plays) if x), default=-1)
         for i, meta in enumerate(pending):  # nothing queued is dropped: the chunks upstream, whole
             due = (self.held_frames + ahead) / fps
-            if meta.index >= oldest and due > keep_s and i > last_playing:
+            if meta.index >= oldest and due > keep_s and due + fpc / fps > keep_s + next_chunk_s and i > last_playing:
                 break
             skip = self._skip[1] if self._skip is not None and self._skip[0] == meta.index else 0
             m, k = max(m, meta.index + 1), 0

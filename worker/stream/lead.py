@@ -105,6 +105,14 @@ class LeadController:
         q = self.config.quantile
         return float(np.percentile(list(self._diffuse), q) + np.percentile(list(self._decode), q))
 
+    def diffuse_p99_s(self) -> float:
+        """p99 of the diffuse time over the window (s), 0 before `min_samples`: what one more chunk costs the
+        producer after a remade one (a splice's `next_chunk_s`; the remade chunk's decode overlaps it). Before it is
+        measured the keep-horizon is the configured lead's whole span, which already leaves that time."""
+        if not self.measured():
+            return 0.0
+        return float(np.percentile(list(self._diffuse), self.config.quantile))
+
     def target(self) -> int:
         """The lead the measurements call for now (chunks), or the current one before they suffice."""
         work = self.work_p99_s()

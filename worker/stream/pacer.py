@@ -39,6 +39,7 @@ playout loop uses `MonotonicClock`. Times are seconds; audio is float32 mono at 
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -331,7 +332,7 @@ class Pacer:
         return self._cut(keep_until_s, oldest, pending_until, frames=False)[0]
 
     def splice_unshown(self, keep_until_s: float, *, oldest: int = 0, pending_until: int | None = None,
-                       interrupt: bool = False) -> tuple[int, int]:
+                       interrupt: bool = False, next_chunk_s: float = 0.0) -> tuple[int, int]:
         """`drop_unstarted` at a frame (module docstring, "splice"): f* = the first buffered frame not published and
         due later than `keep_until_s`, in chunk m (≥ `oldest`) at index k. Frames of m before k stay, frames k.. of m
         and every later chunk are dropped; returns (m, k). The next chunk pushed is m; when k > 0 only its frames
@@ -344,11 +345,20 @@ class Pacer:
 
         `interrupt`: the cut is an interruption's (the producer makes chunk m again from silence from frame k): the
         buffered chunks that lost frames are recorded as a `Discard`, and a gap right at the cut (the last frame
-        published is f* − 1 and the remade frame f* is not there) is a stall of cause "interrupt"."""
-        return self._cut(keep_until_s, oldest, pending_until, frames=True, interrupt=interrupt)
+        published is f* − 1 and the remade frame f* is not there) is a stall of cause "interrupt".
+
+        `next_chunk_s`: the time the producer needs for one more chunk after the remade one (its diffuse time). A
+        frame j qualifies as f* only if the chunk after the remade one can be ready too: the remade chunk m shows
+        frames j … F − 1, so chunk m + 1 is due (F − j) frames after frame j, and it must be due later than
+        `keep_until_s` + `next_chunk_s`. Without this a cut at the last frame of a chunk leaves one frame's time for a
+        whole chunk whenever a chunk takes longer than a frame period to make (the late stalls of a slow step)."""
+        if not (next_chunk_s >= 0 and math.isfinite(next_chunk_s)):
+            raise ValueError(f"splice_unshown next_chunk_s = {next_chunk_s!r}; expected finite seconds ≥ 0")
+        return self._cut(keep_until_s, oldest, pending_until, frames=True, interrupt=interrupt,
+                         next_chunk_s=next_chunk_s)
 
     def _cut(self, keep_until_s: float, oldest: int, pending_until: int | None, *,
-             frames: bool, interrupt: bool = False) -> tuple[int, int]:
+             frames: bool, interrupt: bool = False, next_chunk_s: float = 0.0) -> tuple[int, int]:
         """The rewind's cut, (m, k) (see `drop_unstarted` and `splice_unshown`); `frames` False: only whole chunks
         not begun are dropped (k is then the dropped entry's own first frame, 0 unless it was spliced)."""
         c = self.config
@@ -365,7 +375,8 @@ class Pacer:
             lost: list[int] = []  # buffered chunks that lose frames
             for i, entry in enumerate(self._chunks):
                 done = self._frame_in_chunk if i == 0 else 0
-                j = None if entry.chunk.index < oldest else self._first_due_after(entry, done, ahead, keep_until_s)
+                j = None if entry.chunk.index < oldest else self._first_due_after(entry, done, ahead, keep_until_s,
+                                                                                  next_chunk_s)
                 if j is not None and not frames and not (done == 0 and j == entry.first):
                     j = None  # whole chunks only: one begun (half shown) or with its first frame due soon stays
                 if j is None:
@@ -385,7 +396,8 @@ class Pacer:
                 if self.t0 is not None and pending_until is not None:
                     for index in range(self._next_chunk, pending_until):
                         due = self.t0 + (self._slot + ahead) / c.fps
-                        if index >= oldest and due > keep_until_s:
+                        if (index >= oldest and due > keep_until_s
+                                and due + c.frames_per_chunk / c.fps > keep_until_s + next_chunk_s):
                             break
                         cut = (max(cut[0], index + 1), 0)
                         skip = self._skip[1] if self._skip is not None and self._skip[0] == index else 0
@@ -408,13 +420,17 @@ class Pacer:
             self._cond.notify_all()
             return m, k
 
-    def _first_due_after(self, entry: _Entry, done: int, ahead: int, keep_until_s: float) -> int | None:
-        """Index (within its chunk) of the entry's first unpublished frame due later than `keep_until_s`, None if all
-        are due sooner; before start-up (no t0) its first unpublished frame (nothing has a due time)."""
+    def _first_due_after(self, entry: _Entry, done: int, ahead: int, keep_until_s: float,
+                         next_chunk_s: float = 0.0) -> int | None:
+        """Index (within its chunk) of the entry's first unpublished frame due later than `keep_until_s` and after
+        which the next chunk is due later than `keep_until_s` + `next_chunk_s` (`splice_unshown`), None if there is
+        none; before start-up (no t0) its first unpublished frame (nothing has a due time)."""
         if self.t0 is None:
             return entry.first + done
+        c = self.config
         for j in range(entry.first + done, entry.stop):
-            if self.t0 + (self._slot + ahead + j - entry.first - done) / self.config.fps > keep_until_s:
+            due = self.t0 + (self._slot + ahead + j - entry.first - done) / c.fps
+            if due > keep_until_s and due + (c.frames_per_chunk - j) / c.fps > keep_until_s + next_chunk_s:
                 return j
         return None
 

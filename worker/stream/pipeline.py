@@ -129,8 +129,9 @@ class StreamPipeline:
             return
         n = self._next
         oldest = max(self.generator.cache.oldest_rewind(), self.audio_in.oldest_rewind())
-        r, k = self.playout.splice(self.playout.lead.min_lead_s(), oldest=oldest,
-                                   cause="interrupt" if interrupt else "turn")
+        lead = self.playout.lead
+        r, k = self.playout.splice(lead.min_lead_s(), oldest=oldest, cause="interrupt" if interrupt else "turn",
+                                   next_chunk_s=lead.diffuse_p99_s())
         if not oldest <= r <= n or not (k == 0 or r < n):
             raise RuntimeError(f"Playout.splice returned (chunk {r}, frame {k}); expected {oldest} ≤ chunk ≤ {n} (the "
                                f"chunk about to be taken), frame 0 unless the chunk was taken")

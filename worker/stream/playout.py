@@ -306,7 +306,7 @@ class Playout:
         return self._rewind(min_lead_s, oldest, keep_pending_due, frames=False)[0]
 
     def splice(self, min_lead_s: float = 0.0, *, oldest: int = 0, keep_pending_due: bool = True,
-               cause: str = "turn") -> tuple[int, int]:
+               cause: str = "turn", next_chunk_s: float = 0.0) -> tuple[int, int]:
         """`rewind` at a frame (docs/ARCHITECTURE.md, "Rewind at a turn start"): f* = the first frame not published
         and due later than now + `min_lead_s`, in chunk m at index k (`Pacer.splice_unshown`; the chunks in the
         decoder stage are judged whole, as by `rewind`, or all dropped without `keep_pending_due`). Frames of m before k stay; the
@@ -314,13 +314,14 @@ class Playout:
         generator at m, its audio input at m keeping the samples of frames < k) and submits it; the pacer shows
         only its frames k.. . The rewind record carries k (`Rewind.frame`) and `cause`: "turn" (a speech turn starts)
         or "interrupt" (`clear_buffer`: the producer makes chunk m again from silence from frame k, so the speech stops
-        at the cut without a held frame; `Pacer.splice_unshown(interrupt=True)` records the discard)."""
+        at the cut without a held frame; `Pacer.splice_unshown(interrupt=True)` records the discard).
+        `next_chunk_s`: the producer's time for the chunk after the remade one (`Pacer.splice_unshown`)."""
         if cause not in ("turn", "interrupt"):
             raise ValueError(f"splice cause = {cause!r}; expected 'turn' or 'interrupt'")
-        return self._rewind(min_lead_s, oldest, keep_pending_due, frames=True, cause=cause)
+        return self._rewind(min_lead_s, oldest, keep_pending_due, frames=True, cause=cause, next_chunk_s=next_chunk_s)
 
     def _rewind(self, min_lead_s: float, oldest: int, keep_pending_due: bool, *, frames: bool,
-                cause: str = "turn") -> tuple[int, int]:
+                cause: str = "turn", next_chunk_s: float = 0.0) -> tuple[int, int]:
         if not min_lead_s >= 0:
             raise ValueError(f"rewind min_lead_s = {min_lead_s!r}; expected seconds ≥ 0")
         with self.decoder.lock:
@@ -329,7 +330,7 @@ class Playout:
             pending = self.submitted if keep_pending_due else None
             if frames:
                 r, k = self.pacer.splice_unshown(self.clock.now() + min_lead_s, oldest=oldest, pending_until=pending,
-                                                 interrupt=cause == "interrupt")
+                                                 interrupt=cause == "interrupt", next_chunk_s=next_chunk_s)
             else:
                 r, k = self.pacer.drop_unstarted(self.clock.now() + min_lead_s, oldest=oldest,
                                                  pending_until=pending), 0
