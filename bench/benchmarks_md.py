@@ -88,6 +88,7 @@ qual_qat1 = load("quality_ref_cuda_h200_2026-12-02_fp8-qat-120s.json")  # bf16 r
 qual_qat = load("quality_ref_cuda_h200_2026-12-02_fp8-qat.json")  # bf16 ring, FP8-QAT 240 s (shipped, served)
 qat_cmp = load("quality_compare_ref_cuda_h200_2026-12-02_fp8-qat.json")
 sens_act = load("fp8_sensitivity_ref_cuda_h200_2026-12-02_activations-fp8-native.json")
+sens_qat = {v["variant"]: v for v in load("fp8_sensitivity_ref_cuda_h200_2026-12-02_fp8-qat.json")["variants"]}
 ring_fp8 = load("step_57b_tp4_rank0_h200_2026-12-02_ring-fp8.json")
 ring_bf16 = load("step_57b_tp4_rank0_h200_2026-12-02_ring-bf16.json")
 
@@ -107,6 +108,10 @@ qual_rows = "\n".join([
     _q_row("bf16 ring, FP8-native checkpoint", qual_nat),
     _q_row("bf16 ring, FP8-QAT checkpoint, 120 s fine-tune (not shipped)", qual_qat1),
     _q_row("**bf16 ring, FP8-QAT checkpoint (served now)**", qual_qat)])
+
+
+def _pct(v: dict) -> str:
+    return f"{100 * v['max']:.1f} % | {100 * v['median']:.1f} % | {100 * v['last_quarter_mean']:.1f} %"
 
 
 def _quarters(q: dict) -> str:
@@ -269,14 +274,29 @@ The goals of the quality work: latent max ≤ 10 %, ≥ 38 dB, lip-sync drop ≤
 checkpoint: latent max **{100 * qual_qat['latent_rel_rms_max']:.1f} %**, frames **{qual_qat['psnr_reference_vs_optimized_db']:.1f} dB**, lip-sync drop {100 * qual_qat['lip_sync_relative_drop']:.2f} %, and `vivant eval quality`'s drift rule
 passed (limit {100 * qual_qat['gate']['drift_limit']:.1f} %). The quarter means of the latent difference are {_quarters(qual_qat)} % (first to
 last): no trend, but the last quarter is the highest — the last 40 chunks of this minute of speech are where every
-path differs most from the float32 one (the FP8-native checkpoint's 19.6 % excursion was there too; the sensitivity
-run below shows the bf16 model alone also at its highest there), so part of that rise is the speech, not the
-rollout. The float32 model itself, against the ground truth: lip-sync r {qat_cmp['float32_ground_truth']['lip_sync']['shipped']:.4f} → {qat_cmp['float32_ground_truth']['lip_sync']['candidate']:.4f}, PSNR vs the procedural frames
+path differs most from the float32 one (the FP8-native checkpoint's 19.6 % excursion was there too, and the bf16
+model alone rises there as well), so that rise is the speech, not an accumulating rollout error (next table). The float32 model itself, against the ground truth: lip-sync r {qat_cmp['float32_ground_truth']['lip_sync']['shipped']:.4f} → {qat_cmp['float32_ground_truth']['lip_sync']['candidate']:.4f}, PSNR vs the procedural frames
 {qat_cmp['float32_ground_truth']['psnr_vs_procedural_db']['shipped']:.2f} → {qat_cmp['float32_ground_truth']['psnr_vs_procedural_db']['candidate']:.2f} dB (FP8-native → FP8-QAT). The fix is in the weights: the served engine runs the same kernels, so
 the 57b step — which runs random weights at the 57b shapes — is the same program with it as without it. The 57b step
 with the bf16 ring, same lease, one process each: **{ring_bf16['optimized_ms']:.2f} ms** median (p99 {ring_bf16['optimized_p99_ms']:.2f}) against {ring_fp8['optimized_ms']:.2f} ms (p99 {ring_fp8['optimized_p99_ms']:.2f}) with the FP8 ring ({100 * (ring_bf16['optimized_ms'] / ring_fp8['optimized_ms'] - 1):+.1f} %;
 numerics vs the baseline cache {100 * ring_bf16['numerics']['mode_only']['max_rel_rms']:.2f} % over {ring_bf16['numerics']['chunks']} chunks, {ring_bf16['numerics']['resets']} resets). JSON: `quality_ref_cuda_h200_2026-12-02*.json`,
 `step_57b_tp4_rank0_h200_2026-12-02_ring-*.json`.
+
+**The paths of the quality issue's table, re-measured on the shipped FP8-QAT checkpoint** (`STEPS=sensitivity
+SENSITIVITY_SECONDS=60 SENSITIVITY_ARGS="--only served --only bfloat16 --only fast --only activations"`, H200, 360
+chunks, each against the float32 model on a float cache; JSON `fp8_sensitivity_ref_cuda_h200_2026-12-02_fp8-qat.json`;
+the frames' PSNR and lip-sync of the served row are the gate's, above):
+
+| path | latent max | median | last quarter |
+|---|---|---|---|
+| bf16 model alone (float parts, bf16, float ring) | {_pct(sens_qat['float parts bfloat16, float ring'])} |
+| FP8 ring alone (float parts, bf16, FP8 ring) | {_pct(sens_qat['float parts bfloat16, FP8 ring'])} |
+| served engine, no fast accumulation (bf16 ring) | {_pct(sens_qat['FP8 parts, no fast accumulation'])} |
+| **served engine (FP8 GEMMs with fast accumulation, bf16 ring, graphs)** | {_pct(sens_qat['FP8 parts (as served)'])} |
+
+The bf16 model alone, which has no FP8 in it at all, also rises in the last quarter ({100 * sens_qat['float parts bfloat16, float ring']['last_quarter_mean']:.1f} % against a median of
+{100 * sens_qat['float parts bfloat16, float ring']['median']:.1f} %, a larger rise than the served engine's {100 * sens_qat['FP8 parts (as served)']['last_quarter_mean']:.1f} % against {100 * sens_qat['FP8 parts (as served)']['median']:.1f} %): the last quarter of this speech is where any rounding
+moves the rollout most.
 
 **Which activations' rounding matters** (`STEPS=sensitivity SENSITIVITY_SECONDS=60 SENSITIVITY_ARGS="--only served
 --only activations --only bf16"`, the FP8-native checkpoint, H200, {sens_act['chunks']} chunks): one GEMM at a time takes unquantized
@@ -604,6 +624,9 @@ def turn_section() -> str:
     cpu = next((d for d in docs if d["device"] == "cpu"), None)
     cmds = "\n".join(d["command"] for d in docs)
     machine = f"{cpu['machine']['cores']} cores, torch {cpu['machine']['torch']}" if cpu else "none yet"
+    by_name = {f.name: d for f, d in zip(files, docs, strict=True)}
+    ref_gpu = by_name["turn_ref_cuda_h200_2026-12-02.json"]
+    gpu57 = by_name["turn_ref_cuda_h200_2026-12-02_57b-step.json"]
     return f"""## Turn latency by stage: rewind at a turn start, the fitted lead (`vivant bench turn`)
 
 ```
@@ -611,29 +634,32 @@ def turn_section() -> str:
 ```
 The streaming loop on the wall clock (`bench/turn.py`): ≥ 20 turns of a synthetic voiced signal, each after the
 previous turn played out and a silence of varying length (turns start at varying phases of the chunk clock), one of
-them interrupted by `clear_buffer` and followed by a turn. Each turn rewinds the generator, the audio input and the
-decoder to the last chunk shown (docs/ARCHITECTURE.md, "Turns: rewind and lead"). Stages are ms from the turn's
-first sample pushed, p50 / p99 over turns; the share is audio in → first frame carrying the turn's first sample
-published. Goals: share ≤ 350 ms at the 57b per-rank step time, ≤ 100 ms with `ref` on one GPU; 0 stalls;
-|A/V| ≤ one frame (41.7 ms). CPU rows: {machine} (the shared development machine; `ref` on its 2 cores is
-slower than real time, so they show the mechanism and its stalls, not the goals). A row marked **no rewind** is
-the same script with `--no-rewind`: each turn's speech waits behind the chunks already made.
+them interrupted by `clear_buffer` and followed by a turn. Each turn splices at a frame (docs/ARCHITECTURE.md,
+"Rewind at a turn start", "Turns: rewind and lead"): f* = the first frame due after now + the keep horizon (p99 of
+diffuse + decode plus the lead's margin), and after which the next chunk is due later than the horizon plus one
+more p99 diffuse; frames from f* on are dropped, and the generator, the audio input and the decoder rewind to its
+chunk m, which is made again and shown from frame k. An interrupt is the same cut with silence from frame k.
+Stages are ms from the turn's first sample pushed, p50 / p99 over turns; the share is audio in → first frame
+carrying the turn's first sample published. Goals: share ≤ 350 ms at the 57b per-rank step time, ≤ 100 ms with
+`ref` on one GPU; 0 stalls; |A/V| ≤ one frame (41.7 ms). CPU rows: {machine} (the shared development machine;
+`ref` on its 2 cores is slower than real time, so they show the mechanism and its stalls, not the goals). A row
+marked **no rewind** is the same script with `--no-rewind`: each turn's speech waits behind the chunks already made.
+H200 rows: one H200, torch 2.11.0+cu130, 2026-12-02, `STEPS=turn bash bench/run_gpu.sh $OUT` (log
+`gpu_run_log_2026-12-02_splice-turn-sensitivity.txt`).
 
 | JSON | model | diffusion step | turns (rewound) | rewound ms | diffused ms | decoded ms | **share ms** | stalls | lead (chunks) | max \\|A/V\\| after rewinds, ms | fps |
 |---|---|---|---|---|---|---|---|---|---|---|---|
 {rows}
 
-Reading the H200 rows. With `ref` on the GPU the compute of a turn's first chunk is about 14 ms (rewound →
-decoded); the rest of the share is the wait for the chunk on screen to end (a chunk with a frame shown plays to
-its end: 83 ms on average) plus the keep horizon — so the 100 ms goal is not met (p50 129 ms), and a frame-granular
-splice into the chunk on screen would be the next step. At the 57b step time the share (p50 216, p99 330 ms) meets
-its goal, but 5 of the 6 stalls were "late" (the sixth is the gap an interruption leaves by design). Their cause
-was found afterwards, from the run's own counts (255 chunks diffused, 250 decoded: five chunks dropped inside the
-decoder stage at rewinds, one for each late stall): a rewind dropped a chunk still being decoded although it was due
-within the keep horizon, and its remake came too late. `StreamPipeline` now keeps such a chunk
-(`Playout.rewind(keep_pending_due=True)`, tests/stream/test_rewind_stream.py); that change is not yet measured on
-the GPU (the rows above predate it; expected: no late stall, the p50 share a little higher). The served decoder
-rank still drops every chunk in its decoder stage at a rewind."""
+Reading the H200 rows. With `ref` on the GPU a turn's first chunk is diffused and decoded in about 13 ms; the rest of
+the share is the keep horizon and the wait for frame k's slot. Before the frame splice a chunk with a frame shown
+played to its end, and the share was p50 129 ms (`gpu_run_log_2026-12-02_ablation-turn.txt`); with it, p50
+{_ms(ref_gpu['share_ms'])} / p99 {_ms(ref_gpu['share_ms'], 'p99')} ms ({sum(1 for p in ref_gpu['rewind_points'] if p[1] > 0)} of {len(ref_gpu['rewind_points'])} cuts inside a chunk). At the 57b step time (diffusion padded to {gpu57['step_ms']:g} ms)
+the first measurement with the splice had 11 late stalls, one per cut at a chunk's last frame: the remade chunk
+showed one frame, and the chunk after it, due 42 ms later, needed a whole 110 ms step. The cut now also leaves the
+next chunk its time (`next_chunk_s`, tests/stream/test_turn_splice.py); the row above is after that rule: share p50
+{_ms(gpu57['share_ms'])} / p99 {_ms(gpu57['share_ms'], 'p99')} ms, {gpu57['stalls']} stalls. The `ref` row was measured before the rule, which cannot change a cut when a chunk
+is diffused in less than a frame period (the next chunk is always at least one frame period later)."""
 
 
 print()
