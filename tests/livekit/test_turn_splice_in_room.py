@@ -25,11 +25,10 @@ import numpy as np
 import pytest
 from livekit import rtc
 from livekit.agents.voice.avatar import DataStreamAudioOutput
-from test_worker_in_room import AGENT, AVATAR, agent_token, speech_frames, until
-from vivant.apis.livekit_token import LiveKitCredentials, mint_avatar_token
+from test_worker_in_room import AVATAR, agent_token, assign_in_room, speech_frames, until
 from vivant.devcluster.livekit import LiveKitState
 from vivant.worker.serving.room_video import frames_held_by_runner
-from worker_proc import POOL, WorkerProcess, assignment
+from worker_proc import WorkerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 ROOM, SESSION, WORKER = "room-splice", "ns/splice", "worker-splice"
@@ -63,11 +62,7 @@ async def test_a_turn_after_silence_is_spliced_in_a_real_room(livekit_server: Li
                 readers.append(asyncio.ensure_future(read_audio()))
 
         await agent.connect(livekit_server.url, agent_token(livekit_server, ROOM))
-        token = mint_avatar_token(LiveKitCredentials(livekit_server.api_key, livekit_server.api_secret), room=ROOM,
-                                  identity=AVATAR, agent_identity=AGENT)
-        a = assignment(SESSION, livekit_url=livekit_server.url, token=token, agent_identity=AGENT, room=ROOM)
-        assert w.registry.claim_idle_worker(POOL, SESSION) == WORKER
-        w.registry.send_assignment(WORKER, a)
+        assign_in_room(w, livekit_server, SESSION, ROOM)
         await until("the character's video at the agent", lambda: len(video) >= 24, 120)
 
         out = DataStreamAudioOutput(agent, destination_identity=AVATAR, sample_rate=RATE)

@@ -39,6 +39,17 @@ def speech_frames(seconds: float, rate: int = 16000, ms: int = 100) -> list[rtc.
     return [rtc.AudioFrame(pcm[i:i + n].tobytes(), rate, 1, len(pcm[i:i + n])) for i in range(0, len(pcm), n)]
 
 
+def assign_in_room(w: WorkerProcess, state: LiveKitState, session: str, room: str = ROOM) -> str:
+    """Give worker `w` the session in `room` as the control plane does: the avatar's token minted the operator's way
+    (`mint_avatar_token`), the worker claimed for the session, the assignment sent to its inbox. Returns the token."""
+    token = mint_avatar_token(LiveKitCredentials(state.api_key, state.api_secret), room=room, identity=AVATAR,
+                              agent_identity=AGENT)
+    a = assignment(session, livekit_url=state.url, token=token, agent_identity=AGENT, room=room)
+    assert w.registry.claim_idle_worker(POOL, session) == w.worker_id
+    w.registry.send_assignment(w.worker_id, a)
+    return token
+
+
 async def until(what: str, cond, timeout: float) -> None:  # noqa: ANN001
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
@@ -65,11 +76,7 @@ async def test_a_livekit_worker_talks_with_an_agent_in_a_real_room(livekit_serve
                 asyncio.ensure_future(read())
 
         await agent.connect(livekit_server.url, agent_token(livekit_server))
-        token = mint_avatar_token(LiveKitCredentials(livekit_server.api_key, livekit_server.api_secret), room=ROOM,
-                                  identity=AVATAR, agent_identity=AGENT)
-        a = assignment("ns/room", livekit_url=livekit_server.url, token=token, agent_identity=AGENT, room=ROOM)
-        assert w.registry.claim_idle_worker(POOL, "ns/room") == "worker-room"
-        w.registry.send_assignment("worker-room", a)
+        token = assign_in_room(w, livekit_server, "ns/room")
 
         await until("the character's video at the agent", lambda: len(video) >= 24, 120)
         assert set(video) == {(192, 128)}, set(video)
