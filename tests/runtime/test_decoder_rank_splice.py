@@ -115,3 +115,11 @@ def test_rank_spec_vae_must_take_the_model_latents():
     for field, vae in bad.items():
         with pytest.raises(ValueError, match=rf"RankSpec\.vae\.{field} = \d+; expected \d+ \(the 'tiny' model's\)"):
             RankSpec(layout=RankLayout(tp=1), init_method="tcp://127.0.0.1:1", vae=vae).vae_config()
+
+
+def test_rank_spec_min_lead_chunks_is_a_count_a_rewind_still_reaches():
+    assert RankSpec(layout=RankLayout(tp=1), init_method="tcp://127.0.0.1:1").min_lead_chunks == 1
+    assert RankSpec(layout=RankLayout(tp=1), init_method="tcp://127.0.0.1:1", min_lead_chunks=5).min_lead_chunks == 5
+    for bad in (0, 6, 2.0, True, "3"):
+        with pytest.raises(ValueError, match=r"RankSpec\.min_lead_chunks = .*; expected an integer in \[1, 5\]"):
+            RankSpec(layout=RankLayout(tp=1), init_method="tcp://127.0.0.1:1", min_lead_chunks=bad)

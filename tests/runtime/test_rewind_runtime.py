@@ -32,6 +32,9 @@ SILENT, SPEAKING = 10, 4  # chunks of silence before the speech arrives (rank 0'
 SESSION = "ns/rewind"
 # the decoder rank's VAE: the tiny grid with small widths, so decode (a few ms) keeps up on CPU and the chunks made
 # ahead sit in the pacer, not in the decoder stage (whose chunks due within the keep horizon are kept whole)
+# the pipeline runner's lead never below 3 chunks: rank 0 stays that far ahead of playout whatever this CPU's timings,
+# so at the turn (or the interrupt) there are frames to cut after the keep horizon and the next chunk's time
+MIN_LEAD = 3
 FAST_VAE = VAEConfig(name="tiny-fast", latent_h=CFG.latent_h, latent_w=CFG.latent_w, widths=(16, 8, 8))
 
 
@@ -44,7 +47,8 @@ def serve(tp: int, runner: RunnerKind, out: Path, silent: int, lead_in: int = 0)
     """One session: `silent` chunks, the speech pushed (after `lead_in` samples of silence), SPEAKING chunks; returns
     rank 0's rewinds (next, r, k)."""
     spec = RankSpec(layout=RankLayout(tp=tp), init_method=f"tcp://127.0.0.1:{free_port()}", runner=runner,
-                    out_dir=str(out), timeout_s=60.0, vae=FAST_VAE)
+                    out_dir=str(out), timeout_s=60.0, vae=FAST_VAE,
+                    min_lead_chunks=MIN_LEAD)
     rt = RankRuntime(spec).start(ready_timeout_s=300)
     try:
         rt.begin(assignment(SESSION), FlagValues())
@@ -112,7 +116,8 @@ def serve_interrupted(tp: int, runner: RunnerKind, out: Path, steps: int, spoken
     `spoken`, after that many chunks an interrupt — `AudioInput.clear_buffer`, as the room feed applies
     lk.clear_buffer — then the rest of `steps` chunks. Returns rank 0's rewinds (next, r, k)."""
     spec = RankSpec(layout=RankLayout(tp=tp), init_method=f"tcp://127.0.0.1:{free_port()}", runner=runner,
-                    out_dir=str(out), timeout_s=60.0, vae=FAST_VAE)
+                    out_dir=str(out), timeout_s=60.0, vae=FAST_VAE,
+                    min_lead_chunks=MIN_LEAD)
     rt = RankRuntime(spec).start(ready_timeout_s=300)
     try:
         rt.begin(assignment(SESSION), FlagValues())

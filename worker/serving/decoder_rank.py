@@ -42,6 +42,7 @@ import torch
 from vivant.worker.serving.ranks import Groups, RankSpec, RunnerKind, SessionTrace, session_dir
 from vivant.worker.serving.wire import Ack, DecoderLink, LinkMessage, Op
 from vivant.worker.stream.decoder_stage import DecoderStage, LatentChunk
+from vivant.worker.stream.lead import LeadConfig
 from vivant.worker.stream.pacer import DecodedChunk
 from vivant.worker.stream.playout import Playout
 from vivant.worker.stream.sinks import Mp4Sink, NullSink
@@ -158,7 +159,9 @@ class DecoderRank:
                              timeline="content")]
         else:
             sinks = [NullSink()]
-        self.playout = Playout(cfg, self.vae, sinks, session=self.session_id).start()
+        n = self.spec.min_lead_chunks
+        lead = LeadConfig.for_model(cfg, initial_chunks=max(3, n), min_chunks=n, max_chunks=max(6, n))
+        self.playout = Playout(cfg, self.vae, sinks, session=self.session_id, lead_config=lead).start()
 
     def chunk(self, m: LinkMessage) -> None:
         if m.session != self.session:

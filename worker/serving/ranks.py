@@ -53,11 +53,16 @@ class RunnerKind(StrEnum):
     LIVEKIT = "livekit"  # decoder + the assignment's LiveKit room: the agent's speech in, video and audio out
 
 
+MAX_MIN_LEAD_CHUNKS = 5  # the generator's rewind_chunks (4) + 1: the largest lead a rewind still reaches
+
+
 @dataclass(frozen=True)
 class RankSpec:
     """Everything a rank needs (module docstring). weights: a safetensors checkpoint (absolute path) or None for
     random weights of the preset's shapes (`weights_seed`); vae_weights likewise for the decoder. vae: the decoder's
-    sizes when they are not the preset's (`vae_config`: a decoder of other widths over the same latent grid)."""
+    sizes when they are not the preset's (`vae_config`: a decoder of other widths over the same latent grid).
+    min_lead_chunks: the fewest chunks the pipeline runner's fitted lead goes down to (`LeadConfig.min_chunks`; 1 fits
+    it to the measured jitter alone, more keeps rank 0 that far ahead of playout whatever the measurements say)."""
 
     layout: RankLayout
     init_method: str
@@ -75,6 +80,13 @@ class RankSpec:
     startup_timeout_s: float = 600.0  # joining the world and creating the groups (ranks import and load at their pace)
     cpu_threads: int = 1
     log_level: str = "INFO"
+    min_lead_chunks: int = 1
+
+    def __post_init__(self) -> None:
+        n = self.min_lead_chunks
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_MIN_LEAD_CHUNKS:
+            raise ValueError(f"RankSpec.min_lead_chunks = {n!r}; expected an integer in [1, {MAX_MIN_LEAD_CHUNKS}] "
+                             "(a rewind reaches at most the generator's undo depth + 1 chunks)")
 
     def model_config(self) -> ModelConfig:
         return ModelConfig.from_name(self.preset)
