@@ -65,7 +65,7 @@ def splice_for_rewind(playout: Playout, m: LinkMessage) -> tuple[int, int]:
     order), so the stage's chunks are exactly those rank 0 made and the pacer has not taken."""
     horizon_s = keep_horizon_s(m.lead_s, playout.decoder.decode_ms)
     return playout.splice(horizon_s, oldest=m.oldest, keep_pending_due=True, cause="interrupt" if m.interrupt else "turn",
-                          next_chunk_s=m.lead_s)
+                          next_chunk_s=m.next_chunk_s)
 
 
 class DecoderRank:
@@ -204,19 +204,20 @@ class DecoderRank:
                     dropped = len(self.playout.rewinds[-1].dropped)
                 else:
                     lead = keep_horizon_s(m.lead_s, self.stage.decode_ms)
-                    r, k = self._splice_room(lead, m.oldest)
+                    r, k = self._splice_room(lead, m.oldest, m.next_chunk_s)
                     dropped = m.chunk - r
             except Exception as exc:  # noqa: BLE001
                 self._fail(exc)
                 r, k, dropped = m.chunk, 0, 0
         self.trace.write(event="rewind", session=m.session, chunk=r, frame=k, next_chunk=m.chunk, dropped=dropped,
-                         cause="interrupt" if m.interrupt else "turn", lead_ms=round(lead * 1e3, 3))
+                         cause="interrupt" if m.interrupt else "turn", lead_ms=round(lead * 1e3, 3),
+                         next_chunk_ms=round(m.next_chunk_s * 1e3, 3))
         return r, k, dropped
 
-    def _splice_room(self, lead_s: float, oldest: int) -> tuple[int, int]:
+    def _splice_room(self, lead_s: float, oldest: int, next_chunk_s: float) -> tuple[int, int]:
         from vivant.worker.serving.livekit_avatar import splice_room
 
-        return splice_room(self.room, self.stage, self.meta, lead_s, oldest=oldest, next_chunk_s=lead_s)
+        return splice_room(self.room, self.stage, self.meta, lead_s, oldest=oldest, next_chunk_s=next_chunk_s)
 
     def end(self, m: LinkMessage) -> Ack:
         report = None

@@ -264,9 +264,10 @@ class RankRuntime:
         rank says (module docstring)."""
         gen, n = self.generator, self.generator.chunk
         oldest = max(gen.cache.oldest_rewind(), self._audio.oldest_rewind())
-        lead_s = 1.5 * max(self._diffuse_ms, default=0.0) / 1e3  # time to diffuse chunk r again, with a margin
+        diffuse_s = max(self._diffuse_ms, default=0.0) / 1e3
+        lead_s = 1.5 * diffuse_s  # time to diffuse chunk r again, with a margin
         r, k, dropped = self._collective(lambda: self.link.request_rewind(self.sessions, n, lead_s, oldest,
-                                                                          interrupt=interrupt))
+                                                                          interrupt=interrupt, next_chunk_s=diffuse_s))
         if r != n:
             self._collective(lambda: self.bus.publish(Control(Op.REWIND, self.sessions, r)))
             gen.rewind(r)

@@ -12,7 +12,8 @@ knows what comes next and every rank issues the same collectives in the same ord
         diffused: CLOCK_MONOTONIC seconds, shared by the processes of one host), latents float32 [C, h, w],
         PCM float32 [max_samples]; speech samples and "ends segment" say what the chunk's audio is (the LiveKit
         output publishes speech and marks a segment's end); REWIND: [REWIND, session, next chunk, lead µs, oldest,
-        interrupt, 0, 0] (interrupt 1: an interrupt's splice, 0: a turn start's), answered by
+        interrupt, next-chunk µs, 0] (interrupt 1: an interrupt's splice, 0: a turn start's; next-chunk µs: rank 0's
+        time for one more chunk after the remade one, which the splice leaves it), answered by
     rewind answer (the decoder rank → rank 0, after REWIND), int64 [8]:
         [session, r, chunks dropped, k, 0, …]: (r, k) is the frame generation restarts at, frame k of chunk r
         (`Playout.splice(lead, oldest=…)` or, runner livekit, `RoomVideo.splice`: chunk r is made again and its
@@ -129,6 +130,7 @@ class LinkMessage:
     lead_s: float = 0.0  # REWIND: keep the chunks due within this many seconds (the pipeline's time to make one)
     oldest: int = 0  # REWIND: the earliest chunk rank 0 can rewind to (its undo logs' depth)
     interrupt: bool = False  # REWIND: an interrupt's splice (the speech stops at the cut), not a turn start's
+    next_chunk_s: float = 0.0  # REWIND: rank 0's time for one more chunk after the remade one (its recent max diffuse)
 
 
 @dataclass(frozen=True)
@@ -196,12 +198,13 @@ class DecoderLink:
                     latents.detach().to(torch.float32).contiguous(), audio], wait=False)
 
     def request_rewind(self, session: int, next_chunk: int, lead_s: float, oldest: int, *,
-                       interrupt: bool = False) -> tuple[int, int, int]:
+                       interrupt: bool = False, next_chunk_s: float = 0.0) -> tuple[int, int, int]:
         """A turn starts (or, `interrupt`, the speech was interrupted) before chunk `next_chunk`: REWIND to the
         decoder rank, which drops what was not shown and answers (r, k, chunks dropped): the splice at frame k of
-        chunk r; oldest ≤ r ≤ next_chunk, k = 0 unless r < next_chunk."""
-        self._send([self._word(Op.REWIND, session, next_chunk, round(lead_s * 1e6), oldest, int(interrupt))],
-                   wait=True)
+        chunk r; oldest ≤ r ≤ next_chunk, k = 0 unless r < next_chunk. `next_chunk_s`: the time one more chunk takes
+        rank 0 after the remade one (the splice leaves it that time, `Pacer.splice_unshown`)."""
+        self._send([self._word(Op.REWIND, session, next_chunk, round(lead_s * 1e6), oldest, int(interrupt),
+                               round(next_chunk_s * 1e6))], wait=True)
         word = torch.zeros(WORDS, dtype=torch.int64, device=self.device)
         dist.recv(word, src=self.peer, group=self.group)
         session_, r, dropped, k = (int(v) for v in word.tolist()[:4])
@@ -248,7 +251,8 @@ class DecoderLink:
                                times=(t_taken, t_diffused), speech_samples=speech, ends_segment=bool(ends),
                                clear_epoch=epoch)
         if op is Op.REWIND:
-            return LinkMessage(op, session, chunk, lead_s=samples / 1e6, oldest=payload_len, interrupt=bool(speech))
+            return LinkMessage(op, session, chunk, lead_s=samples / 1e6, oldest=payload_len, interrupt=bool(speech),
+                               next_chunk_s=ends / 1e6)
         return LinkMessage(op, session, chunk)
 
     def send_ack(self, ack: Ack) -> None:
