@@ -12,6 +12,7 @@ same ops on the same inputs at the same TP: np.array_equal)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -44,25 +45,31 @@ def speech() -> np.ndarray:
     return (0.5 * np.sin(2 * np.pi * 220 * t) + 0.01).astype(np.float32)
 
 
-def serve(tp: int, runner: RunnerKind, out: Path, silent: int, lead_in: int = 0) -> list[tuple[int, int, int]]:
-    """One session: `silent` chunks, the speech pushed (after `lead_in` samples of silence), SPEAKING chunks; returns
-    rank 0's rewinds (next, r, k)."""
+def run_session(tp: int, runner: RunnerKind, out: Path, script: Callable[[RankRuntime], None]) -> list[tuple[int, int, int]]:
+    """One session on a fresh runtime (`tp` DiT ranks + the decoder rank, `runner`): `script(rt)` feeds and steps
+    it; returns rank 0's rewinds (next, r, k)."""
     spec = RankSpec(layout=RankLayout(tp=tp), init_method=f"tcp://127.0.0.1:{free_port()}", runner=runner,
-                    out_dir=str(out), timeout_s=60.0, vae=FAST_VAE,
-                    min_lead_chunks=MIN_LEAD)
+                    out_dir=str(out), timeout_s=60.0, vae=FAST_VAE, min_lead_chunks=MIN_LEAD)
     rt = RankRuntime(spec).start(ready_timeout_s=300)
     try:
         rt.begin(assignment(SESSION), FlagValues())
-        for _ in range(silent):
-            rt.step()
-        rt.audio_in.push(np.concatenate([np.zeros(lead_in, np.float32), speech()]), SR)
-        for _ in range(SPEAKING):
-            rt.step()
+        script(rt)
         rewinds = list(rt.rewinds)
         rt.end("test done")
     finally:
         rt.shutdown()
     return rewinds
+
+
+def serve(tp: int, runner: RunnerKind, out: Path, silent: int, lead_in: int = 0) -> list[tuple[int, int, int]]:
+    """`silent` chunks, the speech pushed (after `lead_in` samples of silence), SPEAKING chunks."""
+    def script(rt: RankRuntime) -> None:
+        for _ in range(silent):
+            rt.step()
+        rt.audio_in.push(np.concatenate([np.zeros(lead_in, np.float32), speech()]), SR)
+        for _ in range(SPEAKING):
+            rt.step()
+    return run_session(tp, runner, out, script)
 
 
 def trace(out: Path, rank: int) -> list[dict]:
@@ -119,26 +126,17 @@ def long_speech() -> np.ndarray:
 
 def serve_interrupted(tp: int, runner: RunnerKind, out: Path, steps: int, spoken: int | None,
                       cut_sample: int | None = None) -> list[tuple[int, int, int]]:
-    """One session: 3 s of speech queued before chunk 0 (only its first `cut_sample` samples when given); with
-    `spoken`, after that many chunks an interrupt — `AudioInput.clear_buffer`, as the room feed applies
-    lk.clear_buffer — then the rest of `steps` chunks. Returns rank 0's rewinds (next, r, k)."""
-    spec = RankSpec(layout=RankLayout(tp=tp), init_method=f"tcp://127.0.0.1:{free_port()}", runner=runner,
-                    out_dir=str(out), timeout_s=60.0, vae=FAST_VAE,
-                    min_lead_chunks=MIN_LEAD)
-    rt = RankRuntime(spec).start(ready_timeout_s=300)
-    try:
-        rt.begin(assignment(SESSION), FlagValues())
+    """3 s of speech queued before chunk 0 (only its first `cut_sample` samples when given); with `spoken`, after that
+    many chunks an interrupt — `AudioInput.clear_buffer`, as the room feed applies lk.clear_buffer — then the rest of
+    `steps` chunks."""
+    def script(rt: RankRuntime) -> None:
         rt.audio_in.push(long_speech()[:cut_sample], SR)
         rt.audio_in.end_segment()
         for step in range(steps):
             if step == spoken:
                 rt.audio_in.clear_buffer()
             rt.step()
-        rewinds = list(rt.rewinds)
-        rt.end("test done")
-    finally:
-        rt.shutdown()
-    return rewinds
+    return run_session(tp, runner, out, script)
 
 
 @pytest.mark.parametrize("tp", [1, 2])
