@@ -1,6 +1,6 @@
 """Where the optimized 57b chunk step spends its time, and which variants make it faster (one GPU call).
 
-python bench/gpu_tune.py --out OUT/tune.json [--parts kernels,small,split,launch,step,timeline,numerics]
+python bench/gpu_tune.py --out OUT/tune.json [--parts kernels,small,split,launch,rows,gemm_split,step,timeline,numerics]
 
 1. Kernel sweeps at the TP=4 rank-0 shapes (757 tokens), each variant checked against its float32 twin on
    fresh random inputs, then timed inside a CUDA graph (20 launches per graph, median of 30 replays — the
@@ -12,7 +12,8 @@ python bench/gpu_tune.py --out OUT/tune.json [--parts kernels,small,split,launch
    - the four FP8 GEMMs with and without cuBLASLt fast accumulation (time and error vs float32).
    Parts `split` and `launch` (bench/gpu_probes.py): the split-KV combine over warps, memsets per library call,
    programmatic dependent launch at library → Triton boundaries (kernel pairs only: measured within noise, the
-   engine does not use it), the GEMMs with no cuBLASLt workspace.
+   engine does not use it), the GEMMs with no cuBLASLt workspace. Parts `rows` and `gemm_split`
+   (bench/gpu_row_probes.py): prototype forms of the residual/SwiGLU row kernels, and the QKV GEMM split by N.
 2. The whole step, several engine variants (EngineOptions) on the same FP8 weights (A/B/A order in one process):
    median ms per chunk,
    and a CUDA-kernel profile (torch.profiler) grouped into GEMMs / attention / fused kernels / other, with the
@@ -456,6 +457,16 @@ def main() -> None:
         section("rounding", lambda: time_rounding(cfg), res)
         section("attention", lambda: sweep_attention(cfg), res)
         section("gemms", lambda: sweep_gemms(cfg), res)
+        save()
+    if "rows" in parts:
+        from vivant.bench.gpu_row_probes import sweep_row_variants
+
+        section("row_variants", lambda: sweep_row_variants(cfg), res)
+        save()
+    if "gemm_split" in parts:
+        from vivant.bench.gpu_row_probes import probe_gemm_split
+
+        section("gemm_split", lambda: probe_gemm_split(cfg), res)
         save()
     if "split" in parts:
         section("split_combine", lambda: sweep_split_combine(cfg), res)

@@ -37,6 +37,21 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
+class HostInputs:
+    """A chunk's inputs that do not depend on its audio, built on the host while the previous chunk's passes run
+    (`ChunkGenerator.generate_chunk` prepares chunk n + 1 before it waits for chunk n), in pinned memory on a GPU
+    so the chunk's start copies them without waiting. Valid for `key` = (chunk, frame offset, frame resets, seed)
+    only: a rewind, a reset or a new session changes the key and the chunk builds its inputs afresh."""
+
+    key: tuple[int, int, int, int]
+    pos_t: int  # the chunk's temporal index in the position frame
+    pos: torch.Tensor  # int64 [T, 3]
+    slots: torch.Tensor  # int64 [T]
+    valid: torch.Tensor  # bool [S]
+    noise: torch.Tensor  # float32 [C, latent_h, latent_w]: the chunk's starting latents (sigma = 1)
+
+
+@dataclass
 class ChunkOutput:
     index: int
     latents: torch.Tensor  # float32 [C, latent_h, latent_w]
@@ -113,12 +128,14 @@ class ChunkGenerator:
         self.frame.offset, self.frame.resets = self._frames[to_chunk - 1]
         self._frames = {c: f for c, f in self._frames.items() if c < to_chunk}
         self.chunk = to_chunk
+        self._next = None
 
     def reset_session(self, seed: int = 0) -> None:
         cfg = self.cfg
         self.seed = seed
         self.chunk = 0
         self._frames = {}
+        self._next: HostInputs | None = None
         self.frame = PositionFrame(cfg.t_limit, cfg.window_chunks)
         if self.cache is not None:  # a warm worker keeps its preallocated cache across sessions
             self.cache.clear()
@@ -152,15 +169,37 @@ class ChunkGenerator:
         return n
 
     def noise(self, chunk: int) -> torch.Tensor:
+        """Chunk `chunk`'s starting latents [C, latent_h, latent_w] on the generator's device (seeded per session
+        and chunk)."""
+        return self._host_noise(chunk).to(self.device)
+
+    def _host_noise(self, chunk: int) -> torch.Tensor:
         g = torch.Generator(device="cpu").manual_seed(self.seed * 1_000_003 + chunk)
         c = self.cfg
-        return torch.randn(c.latent_channels, c.latent_h, c.latent_w, generator=g).to(self.device)
+        return torch.randn(c.latent_channels, c.latent_h, c.latent_w, generator=g)
+
+    def _pinned(self, t: torch.Tensor) -> torch.Tensor:
+        """t in page-locked memory on a GPU (a copy from it does not make the host wait); t itself elsewhere."""
+        return t.pin_memory() if self.device.type == "cuda" else t
+
+    def host_inputs(self, n: int) -> HostInputs | None:
+        """Chunk n's audio-independent inputs in the current position frame; None when a position reset must
+        come first (the chunk then builds them after the reset)."""
+        if self.frame.needs_reset(n):
+            return None
+        cfg, pos_t = self.cfg, self.frame.t_of(n)
+        pos = chunk_positions(pos_t, cfg.grid_h, cfg.grid_w, cfg.audio_tokens)
+        return HostInputs(key=(n, self.frame.offset, self.frame.resets, self.seed), pos_t=pos_t,
+                          pos=self._pinned(pos), slots=self._pinned(self.layout.chunk_slots(n)),
+                          valid=self._pinned(self.layout.valid_mask(n)), noise=self._pinned(self._host_noise(n)))
 
     @torch.no_grad()
     def generate_chunk(self, audio: np.ndarray | torch.Tensor, sample_rate: int) -> ChunkOutput:
-        cfg, n = self.cfg, self.chunk
+        """Chunk `chunk` from its audio: the passes, then the next chunk's host inputs (`host_inputs`) while the
+        device still runs them, then one wait for the device; a non-finite result resets the session's state."""
+        cfg, n, dev = self.cfg, self.chunk, self.device
         t0 = time.perf_counter()
-        feats = self.featurize(audio, sample_rate)[: cfg.audio_tokens].to(self.device)
+        feats = self._pinned(self.featurize(audio, sample_rate)[: cfg.audio_tokens]).to(dev, non_blocking=True)
         reset = False
         if self.frame.needs_reset(n):
             delta = self.frame.reset()
@@ -169,28 +208,34 @@ class ChunkGenerator:
             self.cache.shift_positions(delta, slots)
             reset = True
         t_cache = time.perf_counter()
-        pos_t = self.frame.t_of(n)
-        pos = chunk_positions(pos_t, cfg.grid_h, cfg.grid_w, cfg.audio_tokens)
-        state = StepState(chunk=n, pos=pos.to(self.device), slots=self.layout.chunk_slots(n),
-                          valid=self.layout.valid_mask(n),
-                          sink_pos=sink_positions(pos, cfg.sink_tokens).to(self.device) if n == 0 and cfg.sink_tokens else None)
+        inputs, self._next = self._next, None
+        if inputs is None or inputs.key != (n, self.frame.offset, self.frame.resets, self.seed):
+            inputs = self.host_inputs(n)
+        pos = inputs.pos.to(dev, non_blocking=True)
+        state = StepState(chunk=n, pos=pos, slots=inputs.slots, valid=inputs.valid,
+                          sink_pos=sink_positions(inputs.pos, cfg.sink_tokens).to(dev) if n == 0 and cfg.sink_tokens else None)
         self.cache.begin_chunk(state)
-        x = self.noise(n)
+        x = inputs.noise.to(dev, non_blocking=True)
         sigmas = list(cfg.sigmas) + [0.0]
         for i in range(cfg.passes):
             v = self.engine(x, sigmas[i], feats, self.cache)
             x = x + (sigmas[i + 1] - sigmas[i]) * v.float()
         self.cache.end_chunk()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        t1 = time.perf_counter()
+        finite = torch.isfinite(x).all()
+        if dev.type == "cuda":
+            finite = finite.to("cpu", non_blocking=True)  # lands with the wait below: no second round trip
+        t_launched = time.perf_counter()
         self.chunk += 1
         self._frames[n] = (self.frame.offset, self.frame.resets)
         self._frames.pop(n - self.rewind_chunks - 1, None)
-        if not bool(torch.isfinite(x).all()):
+        self._next = self.host_inputs(n + 1)  # host work while the device runs this chunk's passes
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        t1 = time.perf_counter()
+        if not bool(finite):
             # NaN/Inf reached the cache: every later chunk would attend it. Start the session's state
             # afresh (cache cleared, positions from 0); this chunk is reported as it is (a numerical fault).
             self.reset_session(self.seed)
-        return ChunkOutput(index=n, latents=x.float(), position_t=pos_t, reset=reset,
+        return ChunkOutput(index=n, latents=x, position_t=inputs.pos_t, reset=reset,
                            timings_ms={"total": (t1 - t0) * 1e3, "reset": (t_cache - t0) * 1e3,
-                                       "passes": (t1 - t_cache) * 1e3})
+                                       "passes": (t1 - t_cache) * 1e3, "host_launch": (t_launched - t0) * 1e3})

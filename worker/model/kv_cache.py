@@ -262,18 +262,20 @@ class KVCache:
                 sink_cos=torch.empty(n_sink, half, device=dev), sink_sin=torch.empty(n_sink, half, device=dev),
                 sink_slots=self.layout.sink_slots().to(dev))
         b = self.step
-        ang = rope_angles(st.pos.to(self.device), self.rope_dims, self.rope_theta)
+        # host tensors in pinned memory (ChunkGenerator.host_inputs) are copied without making the host wait
+        pos = st.pos.to(self.device, non_blocking=True)
+        ang = rope_angles(pos, self.rope_dims, self.rope_theta)
         b.cos.copy_(ang.cos())
         b.sin.copy_(ang.sin())
-        b.slots.copy_(st.slots)
-        b.valid.copy_(st.valid)
+        b.slots.copy_(st.slots, non_blocking=True)
+        b.valid.copy_(st.valid, non_blocking=True)
         b.all_valid = bool(st.valid.all())  # the layout's mask is a host tensor
         b.writes_sink = st.sink_pos is not None
         if b.writes_sink:
             sink = rope_angles(st.sink_pos.to(self.device), self.rope_dims, self.rope_theta)
             b.sink_cos.copy_(sink.cos())
             b.sink_sin.copy_(sink.sin())
-        self.slot_pos[b.slots] = st.pos.to(self.device)
+        self.slot_pos[b.slots] = pos
         if b.writes_sink:
             self.slot_pos[b.sink_slots] = st.sink_pos.to(self.device)
         if self.window is not None:
