@@ -138,8 +138,9 @@ def sweep_row_variants(cfg, tp: int = 4) -> dict:
     nbytes = n * dm * (2 + 2 + 2 + 1) + n * 4
     for name, kw in res_variants:
         x, y, g, sh, sc = res_inputs()
-        fn = (lambda: fq.residual_ln_mod_quant(x, y, g, sh, sc)) if kw is None else \
-            (lambda kw=kw: res_ln_proto(x, y, g, sh, sc, **kw))
+        args = (x, y, g, sh, sc)
+        fn = (lambda args=args: fq.residual_ln_mod_quant(*args)) if kw is None else \
+            (lambda kw=kw, args=args: res_ln_proto(*args, **kw))
         try:
             xo, q, s = fn()
             rx, rq, rs = fq.residual_ln_mod_quant_ref(x, y, g, sh, sc)
@@ -161,7 +162,7 @@ def sweep_row_variants(cfg, tp: int = 4) -> dict:
     nbytes = n * 2 * f * 2 + n * f + n * 4
     for name, kw in sw_variants:
         gu = torch.randn(n, 2 * f, device=DEV, dtype=bf)
-        fn = (lambda: fq.swiglu_quant(gu)) if kw is None else (lambda kw=kw: swiglu_proto(gu, **kw))
+        fn = (lambda gu=gu: fq.swiglu_quant(gu)) if kw is None else (lambda kw=kw, gu=gu: swiglu_proto(gu, **kw))
         try:
             q, s = fn()
             rq, rs = fq.swiglu_quant_ref(gu)
@@ -198,7 +199,7 @@ def probe_gemm_split(cfg, tp: int = 4) -> dict:
             out = torch.empty(m, n, device=DEV, dtype=torch.bfloat16)
             w1, w2, s1, s2 = w8[:n1], w8[n1:], sw[:n1], sw[n1:]
 
-            def one(out=out, w1=w1, w2=w2, s1=s1, s2=s2, n1=n1):
+            def one(out=out, w1=w1, w2=w2, s1=s1, s2=s2, n1=n1, a8=a8, sa=sa):
                 torch._scaled_mm(a8, w1.t(), scale_a=sa.view(-1, 1), scale_b=s1.view(1, -1), out_dtype=torch.bfloat16,
                                  use_fast_accum=True, out=out[:, :n1])
                 torch._scaled_mm(a8, w2.t(), scale_a=sa.view(-1, 1), scale_b=s2.view(1, -1), out_dtype=torch.bfloat16,
@@ -206,7 +207,7 @@ def probe_gemm_split(cfg, tp: int = 4) -> dict:
 
             side = torch.cuda.Stream()
 
-            def two(out=out, w1=w1, w2=w2, s1=s1, s2=s2, n1=n1, side=side):
+            def two(out=out, w1=w1, w2=w2, s1=s1, s2=s2, n1=n1, side=side, a8=a8, sa=sa):
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
                     torch._scaled_mm(a8, w2.t(), scale_a=sa.view(-1, 1), scale_b=s2.view(1, -1),
@@ -225,7 +226,7 @@ def probe_gemm_split(cfg, tp: int = 4) -> dict:
                                     "max_abs_diff": float((out.float() - full.float()).abs().max())}
                 except Exception as e:
                     entry[label] = {"error": f"{type(e).__name__}: {e}"[:300]}
-            entry["part_us"] = [graph_us(lambda w=w, s=s: fp8_linear(a8, sa, w, s, fast_accum=True))
+            entry["part_us"] = [graph_us(lambda w=w, s=s, a8=a8, sa=sa: fp8_linear(a8, sa, w, s, fast_accum=True))
                                 for w, s in ((w1, s1), (w2, s2))]
             row[f"split_{n1}_{n - n1}"] = entry
             print(f"  gemm {name} N={n} split {n1}+{n - n1}: {entry}", flush=True)
