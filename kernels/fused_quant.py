@@ -102,18 +102,21 @@ if triton is not None:
         return rows, cols, cmask, mask
 
     @triton.jit
-    def _absmax_nans(y, mask):
-        """Elementwise contributions to the row absmax and the row NaN count (reduce along axis 1 later)."""
-        return tl.where(mask, tl.abs(y), 0.0), tl.where(mask & (y != y), 1, 0)
+    def _nan_max(a, b):
+        """max that returns NaN when either side is NaN (the row reductions' combine: tl.max drops NaN)."""
+        return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
     @triton.jit
-    def _row_scale(amax_tile, nan_tile):
-        """Per-row FP8 scale from elementwise accumulators [ROWS, BLOCK_K]: NaN if the row holds a NaN
-        (tl.max drops NaN, so they are counted — the reference twin's scale is NaN then), else
-        max(amax, 1e-8) / 448."""
-        amax = tl.max(amax_tile, axis=1)
-        nans = tl.sum(nan_tile, axis=1)
-        return tl.where(nans > 0, float("nan"), tl.maximum(amax, 1e-8) / 448.0)
+    def _absmax(y, mask):
+        """Elementwise contributions to the row absmax, NaN kept (reduce along axis 1 with `_row_scale`)."""
+        return tl.where(mask, tl.abs(y), 0.0)
+
+    @triton.jit
+    def _row_scale(amax_tile):
+        """Per-row FP8 scale from an elementwise absmax tile [ROWS, BLOCK_K], in one NaN-propagating max
+        reduction: NaN if the row holds a NaN (as the reference twin's scale is), else max(amax, 1e-8) / 448."""
+        amax = tl.reduce(amax_tile, 1, _nan_max)
+        return tl.where(amax != amax, amax, tl.maximum(amax, 1e-8) / 448.0)
 
     @triton.jit
     def _store_fp8_tile(q_ptr, rows, cols, mask, y, s, K, HW_CAST: tl.constexpr):
@@ -140,13 +143,15 @@ if triton is not None:
         return mean, 1.0 / tl.sqrt(var + eps)
 
     @triton.jit
-    def _ln_mod_quant_tile(x, sh, sc, mask, rows, cols, q_ptr, K, eps, HW_CAST: tl.constexpr):
+    def _ln_mod_quant_tile(x, shift_ptr, scale_ptr, cols, cmask, mask, rows, q_ptr, K, eps, HW_CAST: tl.constexpr):
         """One-tile form: whole rows x [ROWS, BLOCK_K] (zeros where masked) → LayerNorm, modulation, FP8 rows
-        stored; returns the per-row scales."""
+        stored; returns the per-row scales. shift/scale are loaded after the statistics, so they are not held
+        in registers across the row reductions (more rows in flight per SM)."""
         mean, rstd = _ln_stats(x, x * x, K, eps)
+        sh = tl.load(shift_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        sc = tl.load(scale_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
         y = _mod((x - mean[:, None]) * rstd[:, None], sc, sh)
-        amax_t, nan_t = _absmax_nans(y, mask)
-        s = _row_scale(amax_t, nan_t)
+        s = _row_scale(_absmax(y, mask))
         _store_fp8_tile(q_ptr, rows, cols, mask, y, s, K, HW_CAST)
         return s
 
@@ -155,16 +160,13 @@ if triton is not None:
                            BLOCK_K: tl.constexpr):
         """Looped pass 2: re-read the rows, normalize + modulate each tile, return the per-row FP8 scales."""
         amax_t = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
-        nan_t = tl.zeros([ROWS, BLOCK_K], dtype=tl.int32)
         for k0 in range(0, K, BLOCK_K):
             rows, cols, cmask, mask = _tile(row0, k0, M, K, ROWS, BLOCK_K)
             x = tl.load(src_ptr + rows[:, None] * stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             sh = tl.load(shift_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
             sc = tl.load(scale_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-            a, n = _absmax_nans(_mod((x - mean[:, None]) * rstd[:, None], sc, sh), mask)
-            amax_t = tl.maximum(amax_t, a)
-            nan_t += n
-        return _row_scale(amax_t, nan_t)
+            amax_t = _nan_max(amax_t, _absmax(_mod((x - mean[:, None]) * rstd[:, None], sc, sh), mask))
+        return _row_scale(amax_t)
 
     @triton.jit
     def _ln_mod_store_pass(src_ptr, stride, shift_ptr, scale_ptr, q_ptr, row0, M, K, mean, rstd, s,
@@ -198,12 +200,9 @@ if triton is not None:
             gdc_wait()
         row0 = tl.program_id(0) * ROWS
         if ONE_TILE:
-            # every load is issued before the first reduction: two dependent reduction steps per row
             rows, cols, cmask, mask = _tile(row0, 0, M, K, ROWS, BLOCK_K)
             x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            sh = tl.load(shift_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-            sc = tl.load(scale_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-            s = _ln_mod_quant_tile(x, sh, sc, mask, rows, cols, q_ptr, K, eps, HW_CAST)
+            s = _ln_mod_quant_tile(x, shift_ptr, scale_ptr, cols, cmask, mask, rows, q_ptr, K, eps, HW_CAST)
         else:
             acc_s = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
             acc_q = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
@@ -252,12 +251,10 @@ if triton is not None:
             x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             y = tl.load(y_ptr + rows[:, None] * stride_y + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             g = tl.load(gate_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-            sh = tl.load(shift_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-            sc = tl.load(scale_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
             xn = (x + g[None, :] * y).to(xo_ptr.dtype.element_ty)
             tl.store(xo_ptr + rows[:, None] * K + cols[None, :], xn, mask=mask)
             x = tl.where(mask, xn.to(tl.float32), 0.0)  # normalize what was stored, as the reference does
-            s = _ln_mod_quant_tile(x, sh, sc, mask, rows, cols, q_ptr, K, eps, HW_CAST)
+            s = _ln_mod_quant_tile(x, shift_ptr, scale_ptr, cols, cmask, mask, rows, q_ptr, K, eps, HW_CAST)
         else:
             acc_s = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
             acc_q = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
@@ -314,19 +311,15 @@ if triton is not None:
         if ONE_TILE:
             rows, cols, cmask, mask = _tile(row0, 0, M, F, ROWS, BLOCK_K)
             y = _swiglu_tile(gu_ptr, rows, cols, mask, F, stride_gu)
-            amax_t, nan_t = _absmax_nans(y, mask)
-            s = _row_scale(amax_t, nan_t)
+            s = _row_scale(_absmax(y, mask))
             _store_fp8_tile(q_ptr, rows, cols, mask, y, s, F, HW_CAST)
         else:
             amax_t = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
-            nan_t = tl.zeros([ROWS, BLOCK_K], dtype=tl.int32)
-            # pass 2 (no statistics pass): row absmax and NaN count
+            # pass 2 (no statistics pass): row absmax (NaN kept)
             for k0 in range(0, F, BLOCK_K):
                 rows, cols, cmask, mask = _tile(row0, k0, M, F, ROWS, BLOCK_K)
-                a, n = _absmax_nans(_swiglu_tile(gu_ptr, rows, cols, mask, F, stride_gu), mask)
-                amax_t = tl.maximum(amax_t, a)
-                nan_t += n
-            s = _row_scale(amax_t, nan_t)
+                amax_t = _nan_max(amax_t, _absmax(_swiglu_tile(gu_ptr, rows, cols, mask, F, stride_gu), mask))
+            s = _row_scale(amax_t)
             # pass 3: quantize and store
             for k0 in range(0, F, BLOCK_K):
                 rows, cols, cmask, mask = _tile(row0, k0, M, F, ROWS, BLOCK_K)
@@ -347,22 +340,18 @@ if triton is not None:
         if ONE_TILE:
             rows, cols, cmask, mask = _tile(row0, 0, M, K, ROWS, BLOCK_K)
             y = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            amax_t, nan_t = _absmax_nans(y, mask)
-            s = _row_scale(amax_t, nan_t)
+            s = _row_scale(_absmax(y, mask))
             _store_fp8_tile(q_ptr, rows, cols, mask, y, s, K, HW_CAST)
         else:
             amax_t = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
-            nan_t = tl.zeros([ROWS, BLOCK_K], dtype=tl.int32)
-            # pass 2 (no statistics pass): row absmax and NaN count
+            # pass 2 (no statistics pass): row absmax (NaN kept)
             for k0 in range(0, K, BLOCK_K):
                 rows, cols, cmask, mask = _tile(row0, k0, M, K, ROWS, BLOCK_K)
                 y = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(
                     tl.float32
                 )
-                a, n = _absmax_nans(y, mask)
-                amax_t = tl.maximum(amax_t, a)
-                nan_t += n
-            s = _row_scale(amax_t, nan_t)
+                amax_t = _nan_max(amax_t, _absmax(y, mask))
+            s = _row_scale(amax_t)
             # pass 3: quantize and store
             for k0 in range(0, K, BLOCK_K):
                 rows, cols, cmask, mask = _tile(row0, k0, M, K, ROWS, BLOCK_K)

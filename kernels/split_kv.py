@@ -33,7 +33,7 @@ try:
     import triton.language as tl
     from triton.language.extra.cuda import gdc_wait
     from vivant.kernels.cache_write import bf16_grid_tl
-    from vivant.kernels.fused_quant import _absmax_nans, _row_scale, _store_fp8_tile
+    from vivant.kernels.fused_quant import _absmax, _row_scale, _store_fp8_tile
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -93,8 +93,7 @@ if triton is not None:
         out = out.to(OUT_DTYPE).to(tl.float32)
         y = tl.reshape(out, [1, BLOCK_H * D])
         mask = tl.reshape(hm[:, None] & (dd[None, :] < D), [1, BLOCK_H * D])
-        amax_t, nan_t = _absmax_nans(y, mask)
-        s = _row_scale(amax_t, nan_t)
+        s = _row_scale(_absmax(y, mask))
         rows = n + tl.arange(0, 1)
         cols = tl.arange(0, BLOCK_H * D)
         _store_fp8_tile(q_ptr, rows, cols, mask, y, s, H * D, HW_CAST)

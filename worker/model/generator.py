@@ -178,20 +178,38 @@ class ChunkGenerator:
         c = self.cfg
         return torch.randn(c.latent_channels, c.latent_h, c.latent_w, generator=g)
 
-    def _pinned(self, t: torch.Tensor) -> torch.Tensor:
-        """t in page-locked memory on a GPU (a copy from it does not make the host wait); t itself elsewhere."""
-        return t.pin_memory() if self.device.type == "cuda" else t
+    def _staging(self, n: int) -> dict[str, torch.Tensor] | None:
+        """Chunk n's page-locked host buffers on a GPU (None elsewhere): two sets, by chunk parity, allocated once.
+        A copy from pinned memory does not make the host wait; the set chunk n + 1 is prepared into while chunk n
+        runs is not the one chunk n's copies read, and chunk n − 1's copies from it ended with chunk n − 1's wait."""
+        if self.device.type != "cuda":
+            return None
+        if not hasattr(self, "_pinned_sets"):
+            c = self.cfg
+
+            def pinned(shape, dtype):
+                return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+            self._pinned_sets = [
+                {"pos": pinned((c.tokens_per_chunk, 3), torch.int64), "slots": pinned(c.tokens_per_chunk, torch.int64),
+                 "valid": pinned(self.layout.slots, torch.bool),
+                 "noise": pinned((c.latent_channels, c.latent_h, c.latent_w), torch.float32),
+                 "feats": pinned((c.audio_tokens, c.audio_feature_dim), torch.float32),
+                 "finite": pinned((), torch.bool)} for _ in range(2)]
+        return self._pinned_sets[n % 2]
 
     def host_inputs(self, n: int) -> HostInputs | None:
-        """Chunk n's audio-independent inputs in the current position frame; None when a position reset must
-        come first (the chunk then builds them after the reset)."""
+        """Chunk n's audio-independent inputs in the current position frame (in its pinned staging set on a GPU);
+        None when a position reset must come first (the chunk then builds them after the reset)."""
         if self.frame.needs_reset(n):
             return None
         cfg, pos_t = self.cfg, self.frame.t_of(n)
-        pos = chunk_positions(pos_t, cfg.grid_h, cfg.grid_w, cfg.audio_tokens)
-        return HostInputs(key=(n, self.frame.offset, self.frame.resets, self.seed), pos_t=pos_t,
-                          pos=self._pinned(pos), slots=self._pinned(self.layout.chunk_slots(n)),
-                          valid=self._pinned(self.layout.valid_mask(n)), noise=self._pinned(self._host_noise(n)))
+        t = {"pos": chunk_positions(pos_t, cfg.grid_h, cfg.grid_w, cfg.audio_tokens),
+             "slots": self.layout.chunk_slots(n), "valid": self.layout.valid_mask(n), "noise": self._host_noise(n)}
+        stage = self._staging(n)
+        if stage is not None:
+            t = {k: stage[k].copy_(v) for k, v in t.items()}
+        return HostInputs(key=(n, self.frame.offset, self.frame.resets, self.seed), pos_t=pos_t, **t)
 
     @torch.no_grad()
     def generate_chunk(self, audio: np.ndarray | torch.Tensor, sample_rate: int) -> ChunkOutput:
@@ -199,7 +217,11 @@ class ChunkGenerator:
         device still runs them, then one wait for the device; a non-finite result resets the session's state."""
         cfg, n, dev = self.cfg, self.chunk, self.device
         t0 = time.perf_counter()
-        feats = self._pinned(self.featurize(audio, sample_rate)[: cfg.audio_tokens]).to(dev, non_blocking=True)
+        stage = self._staging(n)
+        feats = self.featurize(audio, sample_rate)[: cfg.audio_tokens]
+        if stage is not None and cfg.audio_tokens:
+            feats = stage["feats"].copy_(feats)
+        feats = feats.to(dev, non_blocking=True)
         reset = False
         if self.frame.needs_reset(n):
             delta = self.frame.reset()
@@ -222,8 +244,8 @@ class ChunkGenerator:
             x = x + (sigmas[i + 1] - sigmas[i]) * v.float()
         self.cache.end_chunk()
         finite = torch.isfinite(x).all()
-        if dev.type == "cuda":
-            finite = finite.to("cpu", non_blocking=True)  # lands with the wait below: no second round trip
+        if stage is not None:  # lands with the wait below: no second round trip to the device
+            finite = stage["finite"].copy_(finite, non_blocking=True)
         t_launched = time.perf_counter()
         self.chunk += 1
         self._frames[n] = (self.frame.offset, self.frame.resets)
