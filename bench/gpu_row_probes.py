@@ -174,7 +174,7 @@ def sweep_row_variants(cfg, tp: int = 4) -> dict:
         out["swiglu_quant"].append(row)
         print(f"  swiglu   {name:<48} {row.get('us', float('nan')):7.2f} µs  err {row.get('rel_err', float('nan')):.1e}"
               f" {row.get('error', '')}", flush=True)
-    for k in out:
+    for k in list(out):
         ok = [r for r in out[k] if "us" in r and r["rel_err"] < 2e-2 and r.get("x_equal", True)]
         out[k + "_best"] = min(ok, key=lambda r: r["us"]) if ok else None
     return out
@@ -230,6 +230,49 @@ def probe_gemm_split(cfg, tp: int = 4) -> dict:
                                 for w, s in ((w1, s1), (w2, s2))]
             row[f"split_{n1}_{n - n1}"] = entry
             print(f"  gemm {name} N={n} split {n1}+{n - n1}: {entry}", flush=True)
+        if name == "qkv":
+            row.update(_split_k_tail(a8, sa, w8, sw, full))
         print(f"  gemm {name} N={n} unsplit {row['unsplit_us']:.1f} µs", flush=True)
         res[name] = row
+    return res
+
+
+def _split_k_tail(a8, sa, w8, sw, full, n1: int = 5632) -> dict:
+    """QKV as a GEMM of whole waves (columns [0, n1)) plus its tail columns as `parts` GEMMs over slices of K on
+    side streams (float32 partials, summed into the output's tail): the tail's 24 tiles of full K become
+    24·parts tiles of K/parts that run side by side."""
+    m, k = a8.shape
+    n = w8.shape[0]
+    res = {}
+    for parts in (2, 4, 8):
+        kp = k // parts
+        a_parts = [a8[:, i * kp:(i + 1) * kp].contiguous() for i in range(parts)]
+        w_tail = [w8[n1:, i * kp:(i + 1) * kp].contiguous() for i in range(parts)]
+        partial = torch.empty(parts, m, n - n1, device=DEV, dtype=torch.float32)
+        out = torch.empty(m, n, device=DEV, dtype=torch.bfloat16)
+        streams = [torch.cuda.Stream() for _ in range(parts)]
+
+        def fn(a_parts=a_parts, w_tail=w_tail, partial=partial, out=out, streams=streams):
+            cur = torch.cuda.current_stream()
+            for i, st in enumerate(streams):
+                st.wait_stream(cur)
+                with torch.cuda.stream(st):
+                    torch._scaled_mm(a_parts[i], w_tail[i].t(), scale_a=sa.view(-1, 1), scale_b=sw[n1:].view(1, -1),
+                                     out_dtype=torch.float32, use_fast_accum=True, out=partial[i])
+            torch._scaled_mm(a8, w8[:n1].t(), scale_a=sa.view(-1, 1), scale_b=sw[:n1].view(1, -1),
+                             out_dtype=torch.bfloat16, use_fast_accum=True, out=out[:, :n1])
+            for st in streams:
+                cur.wait_stream(st)
+            out[:, n1:].copy_(partial.sum(0))
+
+        try:
+            fn()
+            torch.cuda.synchronize()
+            tail_err = float((out[:, n1:].float() - full[:, n1:].float()).norm() / full[:, n1:].float().norm())
+            res[f"split_k_tail_{n1}_{n - n1}x{parts}"] = {
+                "us": graph_us(fn), "head_equal": bool(torch.equal(out[:, :n1], full[:, :n1])),
+                "tail_rel_err_vs_unsplit": tail_err}
+        except Exception as e:
+            res[f"split_k_tail_{n1}_{n - n1}x{parts}"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+        print(f"  gemm qkv split-K tail x{parts}: {res[f'split_k_tail_{n1}_{n - n1}x{parts}']}", flush=True)
     return res
