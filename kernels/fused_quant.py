@@ -366,14 +366,12 @@ if triton is not None:
 # ---- launch configuration ----------------------------------------------------------------------------------
 # (rows_per_program, block_k, num_warps) per kernel. block_k 0 = the whole row in one tile (next_pow2(K));
 # num_warps 0 = the default rule `_warps(rows_per_program · block_k)`. The values are the fastest correct
-# configurations of the H200 sweep at the 57b TP=4 shapes (`bench/gpu_tune.py`, bench/results/tune_57b_tp4_
-# rank0_h200_2026-11-29_first.json: 17 configurations per kernel, each timed inside a CUDA graph): one pass over the
-# whole row beat every looped form there; the gains over the original launch are small (ln_mod_quant 15.4 →
-# 13.2 µs, residual_ln_mod_quant 20.9 → 19.5 µs, quant_rows 3.6 → 3.55 µs; swiglu_quant keeps it).
+# configurations of the H200 sweep at the 57b TP=4 shapes (`bench/gpu_tune.py --parts kernels`: 17 configurations
+# per kernel, each timed inside a CUDA graph; the figures are in docs/BENCHMARKS.md): one pass over the whole row.
 DEFAULT_CONFIGS: dict[str, tuple[int, int, int]] = {
     "ln_mod_quant": (2, 0, 16),
     "residual_ln_mod_quant": (1, 0, 8),
-    "swiglu_quant": (1, 0, 0),
+    "swiglu_quant": (1, 0, 8),
     "quant_rows": (1, 0, 4),
 }
 
