@@ -206,3 +206,37 @@ def test_rewind_on_the_served_gpu_engine(silent_until, to_chunk):
     assert a.engine.graph_replays > replays, "the rewound chunks did not replay the captured graphs"
     for n, (x, y) in enumerate(zip(got, want, strict=True), start=to_chunk):
         assert torch.equal(x, y), f"chunk {n} after the rewind differs by {float((x - y).abs().max()):.3e}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn, torch.float32])
+def test_copy_words_is_bit_exact_on_ring_slices(dtype):
+    """The undo log's slot-slice copies (ring_undo.copy_words) move 8-byte words where they can; the bytes must be
+    the same as an element copy's, NaN payloads included, and an unaligned slice must fall back, not corrupt."""
+    from vivant.worker.model.ring_undo import copy_words
+
+    gen = torch.Generator().manual_seed(3)
+    ring = torch.randn(3, 40, 4, 16, generator=gen).to(dtype)
+    ring.view(torch.uint8)[0, 5].fill_(0x7F)  # NaN bytes in every dtype's view
+    dst = torch.zeros(3, 9, 4, 16, dtype=dtype)
+    copy_words(dst, ring[:, 11:20])
+    assert torch.equal(dst.view(torch.uint8), ring[:, 11:20].contiguous().view(torch.uint8))
+    back = torch.zeros_like(ring)
+    copy_words(back[:, 11:20], dst)
+    assert torch.equal(back[:, 11:20].view(torch.uint8), ring[:, 11:20].contiguous().view(torch.uint8))
+    assert not back[:, :11].view(torch.uint8).any() and not back[:, 20:].view(torch.uint8).any()
+    odd = torch.zeros(3, 9, 4, 15, dtype=dtype)  # rows of 15 elements: no word view; the element copy runs
+    copy_words(odd, ring[:, 11:20, :, 1:])
+    assert torch.equal(odd.view(torch.uint8), ring[:, 11:20, :, 1:].contiguous().view(torch.uint8))
+
+
+def test_host_inputs_name_their_chunk_and_frame(model):
+    """The next chunk's audio-independent inputs (built while the device runs a chunk) carry the chunk, position
+    frame and seed they were made for, and there are none while a position reset is due first."""
+    gen = ChunkGenerator(CFG, model=model, seed=4, rewind_chunks=2)
+    for n in range(CFG.t_limit - 1):
+        gen.generate_chunk(_silence(n), CFG.audio_sample_rate)
+    nxt = gen.host_inputs(gen.chunk)
+    assert nxt is not None and nxt.key == (gen.chunk, gen.frame.offset, gen.frame.resets, 4)
+    assert nxt.pos_t == gen.frame.t_of(gen.chunk) and torch.equal(nxt.noise, gen.noise(gen.chunk))
+    gen.generate_chunk(_silence(gen.chunk), CFG.audio_sample_rate)
+    assert gen.frame.needs_reset(gen.chunk) and gen.host_inputs(gen.chunk) is None

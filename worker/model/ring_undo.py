@@ -6,7 +6,8 @@ place, so rewinding needs the contents each undone chunk replaced:
 
 * per chunk c (saved by `save_chunk` when c begins, before its first write): its ring slots' K/V (FP8, bf16 or
   float), their scales, and the read image's rows when the image is a tensor of its own (a bf16 ring is its image). A chunk's slots are one contiguous range
-  (`RingLayout.chunk_slot_range`), so a save is one slice copy per tensor over all layers, no host sync.
+  (`RingLayout.chunk_slot_range`), so a save is one slice copy per tensor over all layers (`copy_words`), no host
+  sync.
 * per position reset (saved by `save_reset` before the delta rotation): the whole window's K, K scales and K image
   (one contiguous slice; V is never rotated). Resets are `t_limit − W` chunks apart and the generator refuses a
   depth ≥ that, so at most one reset is ever inside the log; a second one inside it raises.
@@ -30,6 +31,21 @@ a device-to-device copy, no host sync.
 from __future__ import annotations
 
 import torch
+
+
+def copy_words(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst.copy_(src) for tensors of one dtype whose rows (last dim) are contiguous, moved as 8-byte words when
+    every row's bytes and every other stride divide by 8: a slice of the ring over slots is strided (one block per
+    layer), and the device's generic strided copy moves elements, so words copy the same bytes in 2–8× fewer
+    elements (bf16: 4, FP8: 8, float32 scales: 2). Bit-exact either way."""
+    def words_ok(t: torch.Tensor) -> bool:
+        size = t.element_size()
+        return t.stride(-1) == 1 and (t.shape[-1] * size) % 8 == 0 and \
+            all((st * size) % 8 == 0 for st in t.stride()[:-1]) and (t.storage_offset() * size) % 8 == 0
+    if dst.dtype == src.dtype and dst.shape == src.shape and dst.dim() and words_ok(dst) and words_ok(src):
+        dst.view(torch.int64).copy_(src.view(torch.int64))
+    else:
+        dst.copy_(src)
 
 
 def _separate_image(cache) -> bool:
@@ -74,7 +90,7 @@ class RingUndoLog:
         a, b = cache.layout.chunk_slot_range(chunk)
         e = chunk % self.depth
         for name, t in self._tensors(cache):
-            self._alloc(name, t, b - a)[e].copy_(t[:, a:b])
+            copy_words(self._alloc(name, t, b - a)[e], t[:, a:b])
         self.chunk_of[e] = chunk
         self._has_image[e] = _separate_image(cache)
 
@@ -88,7 +104,7 @@ class RingUndoLog:
                                f"more than rewind_chunks apart (t_limit − window_chunks > rewind_chunks)")
         s = cache.layout.sink
         for name, t in self._key_tensors(cache):
-            self._alloc("reset_" + name, t, t.shape[1] - s).copy_(t[:, s:])
+            copy_words(self._alloc("reset_" + name, t, t.shape[1] - s), t[:, s:])
         self.reset_chunk = chunk
         self._reset_has_image = _separate_image(cache)
 
@@ -111,14 +127,14 @@ class RingUndoLog:
             e = c % self.depth
             a, b = cache.layout.chunk_slot_range(c)
             for name, t in self._tensors(cache, image=self._has_image[e]):
-                t[:, a:b].copy_(self._buf[name][e])
+                copy_words(t[:, a:b], self._buf[name][e])
             if _separate_image(cache) and not self._has_image[e]:  # saved before the image existed
                 for layer in range(cache.layers):
                     cache.refresh_image(layer, torch.arange(a, b, device=cache.device))
             self.chunk_of[e] = -1
             if self.reset_chunk == c:
                 for name, t in self._key_tensors(cache, image=self._reset_has_image):
-                    t[:, s:].copy_(self._buf["reset_" + name])
+                    copy_words(t[:, s:], self._buf["reset_" + name])
                 if _separate_image(cache) and not self._reset_has_image:
                     window = torch.arange(s, cache.layout.slots, device=cache.device)
                     for layer in range(cache.layers):
