@@ -276,3 +276,31 @@ def _split_k_tail(a8, sa, w8, sw, full, n1: int = 5632) -> dict:
             res[f"split_k_tail_{n1}_{n - n1}x{parts}"] = {"error": f"{type(e).__name__}: {e}"[:300]}
         print(f"  gemm qkv split-K tail x{parts}: {res[f'split_k_tail_{n1}_{n - n1}x{parts}']}", flush=True)
     return res
+
+
+def probe_attention_shapes(cfg, tp: int = 4) -> dict:
+    """The cuDNN call of the split-KV attention (kernels/split_kv.py `_partial_sdpa`) over query lengths (757 rows
+    padded to 768, 896, 1024) and KV splits (1, 2, 4 of the 5788 slots; 8 and 16 over 5792 slots, as a padded image
+    would hold), µs per call in a CUDA graph and µs per useful query row: whether another shape makes cuDNN pick a
+    faster kernel for the same work."""
+    from vivant.kernels.split_kv import _partial_sdpa
+
+    n, h, d = cfg.tokens_per_chunk, cfg.shard_heads(tp), cfg.head_dim
+    bf = torch.bfloat16
+    res = {}
+    for slots, splits in ((cfg.cache_slots, (1, 2, 4)), (5792, (8, 16))):
+        k, v = (torch.randn(slots, h, d, device=DEV, dtype=bf) for _ in range(2))
+        for p in splits:
+            kb, vb = (t.view(p, slots // p, h, d).permute(0, 2, 1, 3) for t in (k, v))
+            for nq in (n, 768, 896, 1024):
+                q = torch.randn(nq, h, d, device=DEV, dtype=bf)
+                qb = q.transpose(0, 1).unsqueeze(0).expand(p, h, nq, d)
+                name = f"slots{slots}_p{p}_q{nq}"
+                try:
+                    us = graph_us(lambda qb=qb, kb=kb, vb=vb: _partial_sdpa(qb, kb, vb, d ** -0.5))
+                    res[name] = {"us": us, "us_per_757_rows": us * n / nq,
+                                 "tflops": 4 * nq * slots * d * h / us / 1e6}
+                except Exception as e:
+                    res[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
+                print(f"  attention {name}: {res[name]}", flush=True)
+    return res

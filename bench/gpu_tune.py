@@ -463,6 +463,11 @@ def main() -> None:
 
         section("row_variants", lambda: sweep_row_variants(cfg), res)
         save()
+    if "attn_shapes" in parts:
+        from vivant.bench.gpu_row_probes import probe_attention_shapes
+
+        section("attention_shapes", lambda: probe_attention_shapes(cfg), res)
+        save()
     if "gemm_split" in parts:
         from vivant.bench.gpu_row_probes import probe_gemm_split
 
