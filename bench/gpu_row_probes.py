@@ -304,3 +304,27 @@ def probe_attention_shapes(cfg, tp: int = 4) -> dict:
                     res[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
                 print(f"  attention {name}: {res[name]}", flush=True)
     return res
+
+
+def probe_fast_accum_ab(cfg, tp: int = 4, rounds: int = 4) -> dict:
+    """Each FP8 GEMM shape with and without cuBLASLt fast accumulation, alternated `rounds` times in one process
+    (exact, fast, exact, fast, …; fresh inputs per round), µs per call inside a CUDA graph: whether the exact
+    kernel cuBLASLt picks for a shape is faster than the fast-accumulation one on this card, beyond lease noise."""
+    from vivant.worker.model.tp import local_shapes
+
+    m = cfg.tokens_per_chunk
+    res = {}
+    for name, (n, k) in local_shapes(cfg, tp).items():
+        w8, sw = quantize_weight(torch.randn(n, k, device=DEV) / k ** 0.5)
+        times = {"exact": [], "fast": []}
+        for _ in range(rounds):
+            a8, sa = quantize_rows_ref(torch.randn(m, k, device=DEV))
+            for label, fast in (("exact", False), ("fast", True)):
+                times[label].append(graph_us(lambda a8=a8, sa=sa, fast=fast:
+                                             fp8_linear(a8, sa, w8, sw, fast_accum=fast)))
+        res[name] = {"N": n, "K": k, **times,
+                     "exact_median": float(torch.tensor(times["exact"]).median()),
+                     "fast_median": float(torch.tensor(times["fast"]).median())}
+        print(f"  fast-accum A/B {name}: exact {[round(t, 1) for t in times['exact']]} fast "
+              f"{[round(t, 1) for t in times['fast']]}", flush=True)
+    return res

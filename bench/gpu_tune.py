@@ -468,6 +468,11 @@ def main() -> None:
 
         section("attention_shapes", lambda: probe_attention_shapes(cfg), res)
         save()
+    if "fast_accum_ab" in parts:
+        from vivant.bench.gpu_row_probes import probe_fast_accum_ab
+
+        section("fast_accum_ab", lambda: probe_fast_accum_ab(cfg), res)
+        save()
     if "gemm_split" in parts:
         from vivant.bench.gpu_row_probes import probe_gemm_split
 
