@@ -320,7 +320,7 @@ def probe_fast_accum_ab(cfg, tp: int = 4, rounds: int = 4) -> dict:
         for _ in range(rounds):
             a8, sa = quantize_rows_ref(torch.randn(m, k, device=DEV))
             for label, fast in (("exact", False), ("fast", True)):
-                times[label].append(graph_us(lambda a8=a8, sa=sa, fast=fast:
+                times[label].append(graph_us(lambda a8=a8, sa=sa, fast=fast, w8=w8, sw=sw:
                                              fp8_linear(a8, sa, w8, sw, fast_accum=fast)))
         res[name] = {"N": n, "K": k, **times,
                      "exact_median": float(torch.tensor(times["exact"]).median()),
