@@ -201,6 +201,8 @@ rk_split = ", ".join(f"{k[6:].replace('_', ' + ')}: {v['one_stream']['us']:.1f} 
 rk_tail = ", ".join(f"×{k.rsplit('x', 1)[1]}: {v['us']:.1f}" for k, v in _gs2.items() if k.startswith("split_k_tail"))
 _at = {k: v["us"] for k, v in rk_attn.items() if "us" in v}
 rk_tl = rk_tune["timeline"]["median_ms"]
+rk_ab = load("tune_57b_tp4_rank0_h200_2026-12-02_fast-accum-ab.json")["fast_accum_ab"]
+rk_ab_txt = "; ".join(f"{n} {v['exact_median']:.1f} / {v['fast_median']:.1f}" for n, v in rk_ab.items())
 rk_tl_old = load("tune_57b_tp4_rank0_h200_2026-11-29_timeline.json")["timeline"]["median_ms"]
 rk_section = f"""## The step's row kernels and host path (2026-12-02, three leases)
 
@@ -247,6 +249,10 @@ FP8 engine): {100 * rk_num['max_rel_rms']:.2f} % max over {rk['A']['numerics']['
   768 rows {_at['slots5788_p4_q768']:.1f}; 8 / 16 parts of a 5,792-slot image {_at['slots5792_p8_q757']:.1f} / {_at['slots5792_p16_q757']:.1f}. One part with 1,024 query rows takes
   {_at['slots5788_p1_q1024']:.1f} µs against {_at['slots5788_p1_q757']:.1f} for 757: the call is one wave of 128-row query tiles either way, so the attention is
   bound by how its work divides over 132 SMs, not by its FLOPs; no shape the engine can pass does better than 4 parts.
+  Exact (no fast accumulation) GEMMs per shape, in case cuBLASLt's exact kernel were faster for one of them (one sweep
+  showed gate/up 128.1 exact against 136.5 fast): alternated 4 times in one process (`tune_…_fast-accum-ab.json`),
+  medians exact / fast µs: {rk_ab_txt}: fast accumulation is faster for every GEMM; the one-sweep figure was noise
+  (gate/up ranged 135–152 µs within that process).
 """
 
 print(f"""# Benchmarks
