@@ -328,3 +328,23 @@ def probe_fast_accum_ab(cfg, tp: int = 4, rounds: int = 4) -> dict:
         print(f"  fast-accum A/B {name}: exact {[round(t, 1) for t in times['exact']]} fast "
               f"{[round(t, 1) for t in times['fast']]}", flush=True)
     return res
+
+
+def probe_gemm_rows(cfg, tp: int = 4, rounds: int = 3) -> dict:
+    """Each FP8 GEMM (fast accumulation) at the chunk's 757 rows and at padded row counts (768, 896, 1024),
+    alternated `rounds` times in one process, µs per call inside a CUDA graph: whether cuBLASLt picks a better
+    kernel when M is a multiple of the tile height."""
+    from vivant.worker.model.tp import local_shapes
+
+    res = {}
+    for name, (n, k) in local_shapes(cfg, tp).items():
+        w8, sw = quantize_weight(torch.randn(n, k, device=DEV) / k ** 0.5)
+        times: dict[int, list] = {m: [] for m in (cfg.tokens_per_chunk, 768, 896, 1024)}
+        for _ in range(rounds):
+            for m in times:
+                a8, sa = quantize_rows_ref(torch.randn(m, k, device=DEV))
+                times[m].append(graph_us(lambda a8=a8, sa=sa, w8=w8, sw=sw: fp8_linear(a8, sa, w8, sw, fast_accum=True)))
+        res[name] = {"N": n, "K": k, "us": {str(m): t for m, t in times.items()},
+                     "median_us": {str(m): float(torch.tensor(t).median()) for m, t in times.items()}}
+        print(f"  gemm rows {name}: {res[name]['median_us']}", flush=True)
+    return res

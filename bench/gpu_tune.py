@@ -473,6 +473,11 @@ def main() -> None:
 
         section("fast_accum_ab", lambda: probe_fast_accum_ab(cfg), res)
         save()
+    if "gemm_rows" in parts:
+        from vivant.bench.gpu_row_probes import probe_gemm_rows
+
+        section("gemm_rows", lambda: probe_gemm_rows(cfg), res)
+        save()
     if "gemm_split" in parts:
         from vivant.bench.gpu_row_probes import probe_gemm_split
 
