@@ -202,6 +202,9 @@ rk_tail = ", ".join(f"×{k.rsplit('x', 1)[1]}: {v['us']:.1f}" for k, v in _gs2.i
 _at = {k: v["us"] for k, v in rk_attn.items() if "us" in v}
 rk_tl = rk_tune["timeline"]["median_ms"]
 rk_ab = load("tune_57b_tp4_rank0_h200_2026-12-02_fast-accum-ab.json")["fast_accum_ab"]
+rk_rows_m = load("tune_57b_tp4_rank0_h200_2026-12-02_gemm-rows.json")["gemm_rows"]
+rk_rows_txt = "; ".join(f"{n} " + " / ".join(f"{v['median_us'][m]:.1f}" for m in ("757", "768", "896", "1024"))
+                        for n, v in rk_rows_m.items())
 rk_ab_txt = "; ".join(f"{n} {v['exact_median']:.1f} / {v['fast_median']:.1f}" for n, v in rk_ab.items())
 rk_tl_old = load("tune_57b_tp4_rank0_h200_2026-11-29_timeline.json")["timeline"]["median_ms"]
 rk_section = f"""## The step's row kernels and host path (2026-12-02, three leases)
@@ -252,7 +255,10 @@ FP8 engine): {100 * rk_num['max_rel_rms']:.2f} % max over {rk['A']['numerics']['
   Exact (no fast accumulation) GEMMs per shape, in case cuBLASLt's exact kernel were faster for one of them (one sweep
   showed gate/up 128.1 exact against 136.5 fast): alternated 4 times in one process (`tune_…_fast-accum-ab.json`),
   medians exact / fast µs: {rk_ab_txt}: fast accumulation is faster for every GEMM; the one-sweep figure was noise
-  (gate/up ranged 135–152 µs within that process).
+  (gate/up ranged 135–152 µs within that process). The GEMMs at 757 rows against 768, 896 and 1,024 (a padded
+  activation; `tune_…_gemm-rows.json`, medians of 3 alternated rounds, µs): {rk_rows_txt}: 768 rows are not
+  reliably faster (QKV's rounds: 67.8 / 78.8 / 78.8 at 757, 67.3 / 72.4 / 70.7 at 768: the card's clock moves more
+  than the shape does).
 """
 
 print(f"""# Benchmarks
