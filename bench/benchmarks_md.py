@@ -257,8 +257,8 @@ FP8 engine): {100 * rk_num['max_rel_rms']:.2f} % max over {rk['A']['numerics']['
   medians exact / fast µs: {rk_ab_txt}: fast accumulation is faster for every GEMM; the one-sweep figure was noise
   (gate/up ranged 135–152 µs within that process). The GEMMs at 757 rows against 768, 896 and 1,024 (a padded
   activation; `tune_…_gemm-rows.json`, medians of 3 alternated rounds, µs): {rk_rows_txt}: 768 rows are not
-  reliably faster (QKV's rounds: 67.8 / 78.8 / 78.8 at 757, 67.3 / 72.4 / 70.7 at 768: the card's clock moves more
-  than the shape does).
+  reliably faster (QKV's rounds: {" / ".join(f"{t:.1f}" for t in rk_rows_m['qkv']['us']['757'])} at 757,
+  {" / ".join(f"{t:.1f}" for t in rk_rows_m['qkv']['us']['768'])} at 768: the card's clock moves more than the shape does).
 """
 
 print(f"""# Benchmarks
