@@ -253,9 +253,9 @@ FP8 engine): {100 * rk_num['max_rel_rms']:.2f} % max over {rk['A']['numerics']['
   {_at['slots5788_p1_q1024']:.1f} µs against {_at['slots5788_p1_q757']:.1f} for 757: the call is one wave of 128-row query tiles either way, so the attention is
   bound by how its work divides over 132 SMs, not by its FLOPs; no shape the engine can pass does better than 4 parts.
   Exact (no fast accumulation) GEMMs per shape, in case cuBLASLt's exact kernel were faster for one of them (one sweep
-  showed gate/up 128.1 exact against 136.5 fast): alternated 4 times in one process (`tune_…_fast-accum-ab.json`),
+  showed gate/up {rk_tune['gemms']['gate_up']['exact']['us']:.1f} exact against {rk_tune['gemms']['gate_up']['fast']['us']:.1f} fast): alternated 4 times in one process (`tune_…_fast-accum-ab.json`),
   medians exact / fast µs: {rk_ab_txt}: fast accumulation is faster for every GEMM; the one-sweep figure was noise
-  (gate/up ranged 135–152 µs within that process). The GEMMs at 757 rows against 768, 896 and 1,024 (a padded
+  (gate/up ranged {min(rk_ab['gate_up']['exact'] + rk_ab['gate_up']['fast']):.0f}–{max(rk_ab['gate_up']['exact'] + rk_ab['gate_up']['fast']):.0f} µs within that process). The GEMMs at 757 rows against 768, 896 and 1,024 (a padded
   activation; `tune_…_gemm-rows.json`, medians of 3 alternated rounds, µs): {rk_rows_txt}: 768 rows are not
   reliably faster (QKV's rounds: {" / ".join(f"{t:.1f}" for t in rk_rows_m['qkv']['us']['757'])} at 757,
   {" / ".join(f"{t:.1f}" for t in rk_rows_m['qkv']['us']['768'])} at 768: the card's clock moves more than the shape does).
