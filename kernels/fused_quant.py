@@ -8,10 +8,12 @@ unfused norm + quantize).
 
 Tiling. Each program handles ROWS rows as [ROWS, BLOCK_K] tiles. With BLOCK_K >= K (one tile) a
 kernel loads the whole rows once, reduces and stores, with every value held in registers. That
-is what bounds speed at large K: a whole 8192-wide row (x, shift, scale, the result) in registers
-leaves room for about one program per SM, so a 757-row launch runs as a few latency-bound waves
-(~1 TB/s of the H200's ~4.3). With BLOCK_K < K a kernel loops over K in passes: row statistics
-(LayerNorm kernels only), then row absmax and NaN count of the recomputed output, then quantize
+is what bounds speed at large K: whole 8192-wide rows in registers leave room for few programs per
+SM, so a 757-row launch runs as a few latency-bound waves. The LayerNorm kernels therefore load
+shift/scale only after the row statistics (they are not held across the reductions), and every row
+scale is one NaN-propagating max reduction (a NaN row gets a NaN scale without a second reduction
+counting NaNs). With BLOCK_K < K a kernel loops over K in passes: row statistics
+(LayerNorm kernels only), then the row absmax (NaN kept) of the recomputed output, then quantize
 and store, recomputing each tile. It re-reads the row up to three times (mostly from L1/L2, not
 DRAM) but needs only a tile's registers, so many rows are in flight. residual_ln_mod_quant stores
 x + g·y in its first pass and re-reads that stored (rounded) residual in the later passes.
@@ -88,7 +90,7 @@ def quant_rows_ref(x: torch.Tensor):
 # Every kernel below works on [ROWS, BLOCK_K] tiles: program p owns rows p·ROWS … p·ROWS + ROWS − 1 (rows ≥ M
 # are masked off) and walks the row width in BLOCK_K-wide tiles. ONE_TILE (BLOCK_K ≥ K, set by the launcher)
 # keeps the one-pass form: load everything, reduce, store. Otherwise the kernel loops over K in passes
-# (statistics → absmax/NaN count → quantize + store), recomputing the row's values per tile; per-row
+# (statistics → absmax, NaN kept → quantize + store), recomputing the row's values per tile; per-row
 # accumulators stay elementwise ([ROWS, BLOCK_K]) inside a loop and are reduced once after it.
 if triton is not None:
 
@@ -215,7 +217,7 @@ if triton is not None:
                 acc_s += x
                 acc_q += x * x
             mean, rstd = _ln_stats(acc_s, acc_q, K, eps)
-            # pass 2: row absmax and NaN count of the modulated values; pass 3: quantize and store
+            # pass 2: row absmax (NaN kept) of the modulated values; pass 3: quantize and store
             s = _ln_mod_scale_pass(x_ptr, stride_x, shift_ptr, scale_ptr, row0, M, K, mean, rstd, ROWS, BLOCK_K)
             _ln_mod_store_pass(x_ptr, stride_x, shift_ptr, scale_ptr, q_ptr, row0, M, K, mean, rstd, s, ROWS, BLOCK_K,
                                HW_CAST)
@@ -276,7 +278,7 @@ if triton is not None:
             mean, rstd = _ln_stats(acc_s, acc_q, K, eps)
             # passes 2 and 3 re-read xo, which this program just wrote: make every thread's stores visible first
             tl.debug_barrier()
-            # pass 2: row absmax and NaN count; pass 3: quantize and store
+            # pass 2: row absmax (NaN kept); pass 3: quantize and store
             s = _ln_mod_scale_pass(xo_ptr, K, shift_ptr, scale_ptr, row0, M, K, mean, rstd, ROWS, BLOCK_K)
             _ln_mod_store_pass(xo_ptr, K, shift_ptr, scale_ptr, q_ptr, row0, M, K, mean, rstd, s, ROWS, BLOCK_K,
                                HW_CAST)
