@@ -458,31 +458,16 @@ def main() -> None:
         section("attention", lambda: sweep_attention(cfg), res)
         section("gemms", lambda: sweep_gemms(cfg), res)
         save()
-    if "rows" in parts:
-        from vivant.bench.gpu_row_probes import sweep_row_variants
+    from vivant.bench import gpu_row_probes as rp
 
-        section("row_variants", lambda: sweep_row_variants(cfg), res)
-        save()
-    if "attn_shapes" in parts:
-        from vivant.bench.gpu_row_probes import probe_attention_shapes
-
-        section("attention_shapes", lambda: probe_attention_shapes(cfg), res)
-        save()
-    if "fast_accum_ab" in parts:
-        from vivant.bench.gpu_row_probes import probe_fast_accum_ab
-
-        section("fast_accum_ab", lambda: probe_fast_accum_ab(cfg), res)
-        save()
-    if "gemm_rows" in parts:
-        from vivant.bench.gpu_row_probes import probe_gemm_rows
-
-        section("gemm_rows", lambda: probe_gemm_rows(cfg), res)
-        save()
-    if "gemm_split" in parts:
-        from vivant.bench.gpu_row_probes import probe_gemm_split
-
-        section("gemm_split", lambda: probe_gemm_split(cfg), res)
-        save()
+    for part, name, probe in (("rows", "row_variants", rp.sweep_row_variants),
+                              ("attn_shapes", "attention_shapes", rp.probe_attention_shapes),
+                              ("fast_accum_ab", "fast_accum_ab", rp.probe_fast_accum_ab),
+                              ("gemm_rows", "gemm_rows", rp.probe_gemm_rows),
+                              ("gemm_split", "gemm_split", rp.probe_gemm_split)):
+        if part in parts:
+            section(name, lambda probe=probe: probe(cfg), res)
+            save()
     if "split" in parts:
         section("split_combine", lambda: sweep_split_combine(cfg), res)
         save()
