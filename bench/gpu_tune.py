@@ -458,13 +458,15 @@ def main() -> None:
         section("attention", lambda: sweep_attention(cfg), res)
         section("gemms", lambda: sweep_gemms(cfg), res)
         save()
+    from vivant.bench import gpu_gemm_probe as gemm_probe
     from vivant.bench import gpu_row_probes as rp
 
     for part, name, probe in (("rows", "row_variants", rp.sweep_row_variants),
                               ("attn_shapes", "attention_shapes", rp.probe_attention_shapes),
                               ("fast_accum_ab", "fast_accum_ab", rp.probe_fast_accum_ab),
                               ("gemm_rows", "gemm_rows", rp.probe_gemm_rows),
-                              ("gemm_split", "gemm_split", rp.probe_gemm_split)):
+                              ("gemm_split", "gemm_split", rp.probe_gemm_split),
+                              ("streamk", "streamk", gemm_probe.probe_streamk)):
         if part in parts:
             section(name, lambda probe=probe: probe(cfg), res)
             save()
