@@ -32,17 +32,26 @@ if triton is not None:
         return first_m + (t % group) % size_m, (t % group) // size_m
 
     @triton.jit
-    def _mac(a_ptr, w_ptr, rm, rn, k_lo, k_hi, M, N, K, stride_am, stride_wn, acc,
-             BK: tl.constexpr, STAGES: tl.constexpr, FAST: tl.constexpr):
-        """acc += a[rm, k] · w[rn, k]ᵀ over K iterations [k_lo, k_hi) of BK columns."""
+    def _mac(a_ptr, w_ptr, off_m, off_n, k_lo, k_hi, M, N, K, stride_am, stride_wn, acc,
+             BK: tl.constexpr, STAGES: tl.constexpr, FAST: tl.constexpr, TMA: tl.constexpr = False,
+             BM: tl.constexpr = 128, BN: tl.constexpr = 128):
+        """acc += a[rm, k] · w[rn, k]ᵀ over K iterations [k_lo, k_hi) of BK columns. FAST: the tensor cores'
+        fast accumulation (Triton's default for FP8); otherwise partial sums are promoted to float32 every BK.
+        TMA: a_ptr / w_ptr are tensor descriptors (Hopper TMA loads; rows past M or N read as zeros)."""
         rk = tl.arange(0, BK)
+        rm = off_m + tl.arange(0, BM)
+        rn = off_n + tl.arange(0, BN)
         for ki in tl.range(k_lo, k_hi, num_stages=STAGES):
-            k = ki * BK + rk
-            a = tl.load(a_ptr + rm[:, None] * stride_am + k[None, :], mask=(rm < M)[:, None] & (k < K)[None, :],
-                        other=0.0)
-            w = tl.load(w_ptr + rn[:, None] * stride_wn + k[None, :], mask=(rn < N)[:, None] & (k < K)[None, :],
-                        other=0.0)
-            acc = tl.dot(a, tl.trans(w), acc, max_num_imprecise_acc=BK if FAST else None)
+            if TMA:
+                a = a_ptr.load([off_m, ki * BK])
+                w = w_ptr.load([off_n, ki * BK])
+            else:
+                k = ki * BK + rk
+                a = tl.load(a_ptr + rm[:, None] * stride_am + k[None, :], mask=(rm < M)[:, None] & (k < K)[None, :],
+                            other=0.0)
+                w = tl.load(w_ptr + rn[:, None] * stride_wn + k[None, :], mask=(rn < N)[:, None] & (k < K)[None, :],
+                            other=0.0)
+            acc = tl.dot(a, tl.trans(w), acc, max_num_imprecise_acc=None if FAST else BK)
         return acc
 
     @triton.jit
@@ -56,7 +65,8 @@ if triton is not None:
     @triton.jit
     def _fp8_gemm_streamk(a_ptr, w_ptr, sa_ptr, sw_ptr, c_ptr, ws_ptr, cnt_ptr, M, N, K, stride_am, stride_wn,
                           stride_cm, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                          PROGRAMS: tl.constexpr, STREAM_K: tl.constexpr, STAGES: tl.constexpr, FAST: tl.constexpr):
+                          PROGRAMS: tl.constexpr, STREAM_K: tl.constexpr, STAGES: tl.constexpr, FAST: tl.constexpr,
+                          TMA: tl.constexpr = False):
         pid = tl.program_id(0)
         num_pid_m = tl.cdiv(M, BM)
         num_pid_n = tl.cdiv(N, BN)
@@ -67,8 +77,8 @@ if triton is not None:
             pm, pn = _coords(t, num_pid_m, num_pid_n, GROUP_M)
             rm = pm * BM + tl.arange(0, BM)
             rn = pn * BN + tl.arange(0, BN)
-            acc = _mac(a_ptr, w_ptr, rm, rn, 0, k_iters, M, N, K, stride_am, stride_wn,
-                       tl.zeros([BM, BN], dtype=tl.float32), BK, STAGES, FAST)
+            acc = _mac(a_ptr, w_ptr, pm * BM, pn * BN, 0, k_iters, M, N, K, stride_am, stride_wn,
+                       tl.zeros([BM, BN], dtype=tl.float32), BK, STAGES, FAST, TMA, BM, BN)
             _epilogue(acc, c_ptr, sa_ptr, sw_ptr, rm, rn, M, N, stride_cm)
         if STREAM_K:
             total = (tiles - dp_tiles) * k_iters
@@ -83,8 +93,8 @@ if triton is not None:
                 pm, pn = _coords(dp_tiles + s, num_pid_m, num_pid_n, GROUP_M)
                 rm = pm * BM + tl.arange(0, BM)
                 rn = pn * BN + tl.arange(0, BN)
-                acc = _mac(a_ptr, w_ptr, rm, rn, k_lo, k_hi, M, N, K, stride_am, stride_wn,
-                           tl.zeros([BM, BN], dtype=tl.float32), BK, STAGES, FAST)
+                acc = _mac(a_ptr, w_ptr, pm * BM, pn * BN, k_lo, k_hi, M, N, K, stride_am, stride_wn,
+                           tl.zeros([BM, BN], dtype=tl.float32), BK, STAGES, FAST, TMA, BM, BN)
                 tl.atomic_add(ws_ptr + s * BM * BN + offs, acc, sem="relaxed")
                 tl.debug_barrier()  # every thread's partial is added before the count says so
                 done = tl.atomic_add(cnt_ptr + s, k_hi - k_lo, sem="acq_rel") + (k_hi - k_lo)
@@ -101,8 +111,8 @@ class StreamKGemm:
     """y[M, N] = (a·sa) @ (w·sw)ᵀ in bf16 for fixed (M, N, K): the workspace and counters are allocated once."""
 
     def __init__(self, m: int, n: int, k: int, device, *, bm=128, bn=128, bk=128, group_m=8, programs=None,
-                 stream_k=True, stages=4, warps=8, fast=True):
-        self.m, self.n, self.k = m, n, k
+                 stream_k=True, stages=4, warps=8, fast=True, tma=False):
+        self.m, self.n, self.k, self.tma = m, n, k, tma
         self.bm, self.bn, self.bk, self.group_m, self.stages, self.warps, self.fast = bm, bn, bk, group_m, stages, warps, fast
         dev = torch.device(device)
         self.programs = programs or (torch.cuda.get_device_properties(dev).multi_processor_count
@@ -116,9 +126,16 @@ class StreamKGemm:
     def __call__(self, a, sa, w, sw, out=None):
         out = out if out is not None else torch.empty(self.m, self.n, device=a.device, dtype=torch.bfloat16)
         grid = (self.programs,)
-        _fp8_gemm_streamk[grid](a, w, sa, sw, out, self.ws, self.cnt, self.m, self.n, self.k, a.stride(0),
+        if self.tma:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            a_in = TensorDescriptor.from_tensor(a, [self.bm, self.bk])
+            w_in = TensorDescriptor.from_tensor(w, [self.bn, self.bk])
+        else:
+            a_in, w_in = a, w
+        _fp8_gemm_streamk[grid](a_in, w_in, sa, sw, out, self.ws, self.cnt, self.m, self.n, self.k, a.stride(0),
                                 w.stride(0), out.stride(0), BM=self.bm, BN=self.bn, BK=self.bk, GROUP_M=self.group_m,
-                                PROGRAMS=self.programs, STREAM_K=self.stream_k, STAGES=self.stages, FAST=self.fast,
+                                PROGRAMS=self.programs, STREAM_K=self.stream_k, STAGES=self.stages, FAST=self.fast, TMA=self.tma,
                                 num_warps=self.warps)
         return out
 
@@ -139,8 +156,9 @@ def probe_streamk(cfg, tp: int = 4) -> dict:
         ref = fp8_linear_ref(a8, sa, w8, sw)
         ops = (a8, sa, w8, sw)
         row = {"cublas_us": graph_us(lambda ops=ops: fp8_linear(*ops, fast_accum=True))}
-        variants = [dict(), dict(stream_k=False), dict(warps=4), dict(stages=3), dict(stages=5), dict(bk=64, stages=6),
-                    dict(bn=256, warps=8), dict(group_m=4), dict(fast=False)] if name == "qkv" else [dict()]
+        variants = [dict(), dict(stream_k=False), dict(tma=True), dict(tma=True, stream_k=False), dict(tma=True, stages=3),
+                    dict(tma=True, stages=5), dict(tma=True, group_m=4), dict(tma=True, bm=64, warps=4),
+                    dict(tma=True, bn=256, stages=3), dict(fast=False)] if name == "qkv" else [dict(), dict(tma=True)]
         for kw in variants:
             label = ",".join(f"{a}={b}" for a, b in kw.items()) or "default"
             try:
