@@ -205,6 +205,9 @@ rk_ab = load("tune_57b_tp4_rank0_h200_2026-12-02_fast-accum-ab.json")["fast_accu
 rk_rows_m = load("tune_57b_tp4_rank0_h200_2026-12-02_gemm-rows.json")["gemm_rows"]
 rk_rows_txt = "; ".join(f"{n} " + " / ".join(f"{v['median_us'][m]:.1f}" for m in ("757", "768", "896", "1024"))
                         for n, v in rk_rows_m.items())
+rk_sk = load("tune_57b_tp4_rank0_h200_2026-12-02_streamk.json")["streamk"]["qkv"]
+rk_sk_best = min(((k, v) for k, v in rk_sk.items() if isinstance(v, dict) and "us" in v and v["rel_err"] < 0.01),
+                 key=lambda kv: kv[1]["us"])
 rk_ab_txt = "; ".join(f"{n} {v['exact_median']:.1f} / {v['fast_median']:.1f}" for n, v in rk_ab.items())
 rk_tl_old = load("tune_57b_tp4_rank0_h200_2026-11-29_timeline.json")["timeline"]["median_ms"]
 rk_section = f"""## The step's row kernels and host path (2026-12-02, three leases)
