@@ -262,6 +262,12 @@ FP8 engine): {100 * rk_num['max_rel_rms']:.2f} % max over {rk['A']['numerics']['
   activation; `tune_…_gemm-rows.json`, medians of 3 alternated rounds, µs): {rk_rows_txt}: 768 rows are not
   reliably faster (QKV's rounds: {" / ".join(f"{t:.1f}" for t in rk_rows_m['qkv']['us']['757'])} at 757,
   {" / ".join(f"{t:.1f}" for t in rk_rows_m['qkv']['us']['768'])} at 768: the card's clock moves more than the shape does).
+- **A stream-K FP8 GEMM for QKV** (`bench/gpu_gemm_probe.py`, Triton: the first 264 tiles data-parallel, the last
+  24 tiles' K iterations spread over all 132 programs with float32 atomics and a per-tile counter; checked against
+  the float32 reference and for a clean workspace on repeat; `tune_…_streamk.json`): the schedule does what it should
+  (with TMA loads {rk_sk['tma=True']['us']:.1f} µs against {rk_sk['tma=True,stream_k=False']['us']:.1f} µs data-parallel only), but its best variant ({rk_sk_best[0]},
+  {rk_sk_best[1]['us']:.1f} µs) does not beat cuBLASLt ({rk_sk['cublas_us']:.1f} µs in the same process): the Triton tile loop is slower per tile
+  than cuBLASLt's by about what stream-K saves. Not used.
 """
 
 print(f"""# Benchmarks
