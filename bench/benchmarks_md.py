@@ -289,8 +289,9 @@ passed: 50 of 50 on 2026-12-01, and 51 of 51 (with the warm-up test) twice on 20
 the bf16 ring: 52 of 52 (the bf16-ring kernel test added); then with the ablation's and the rewind's GPU tests
 (`tests/core/test_ablation_parts_gpu.py`, `tests/core/test_rewind.py`) 60 of 61 — the memory-report test expected a
 separate read image, which the bf16 ring no longer has; fixed, it passed alone on the next lease
-(`bench/results/gpu_run_log_2026-12-02_*.txt`). With this page's final row kernels, host path and undo-log copies:
-62 of 62, twice (`gpu_run_log_2026-12-02_row-kernels.txt`, calls 2 and 5).
+(`bench/results/gpu_run_log_2026-12-02_*.txt`). With the new row kernels: 62 of 62 (call 2 of
+`gpu_run_log_2026-12-02_row-kernels.txt`), and 62 of 62 again on the final code (call 5: + SwiGLU at 8 warps and
+the undo log's word copies).
 
 {ablation_head}
 {rk_section}
