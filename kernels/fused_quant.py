@@ -44,7 +44,7 @@ Each has a float32 torch twin (`*_ref`) and a `backend` switch ("auto" | "triton
 from __future__ import annotations
 
 import torch
-from vivant.kernels.backend import pdl_launch, use_triton
+from vivant.kernels.backend import interpreter_enabled, pdl_launch, use_triton
 from vivant.kernels.fp8 import quantize_rows_ref
 
 try:
@@ -103,6 +103,9 @@ if triton is not None:
         mask = (rows < M)[:, None] & cmask[None, :]
         return rows, cols, cmask, mask
 
+    # the row scale's form (`_row_scale`): read by the jitted code as a global constant
+    ONE_REDUCTION = tl.constexpr(not interpreter_enabled())
+
     @triton.jit
     def _nan_max(a, b):
         """max that returns NaN when either side is NaN (the row reductions' combine: tl.max drops NaN)."""
@@ -115,10 +118,16 @@ if triton is not None:
 
     @triton.jit
     def _row_scale(amax_tile):
-        """Per-row FP8 scale from an elementwise absmax tile [ROWS, BLOCK_K], in one NaN-propagating max
-        reduction: NaN if the row holds a NaN (as the reference twin's scale is), else max(amax, 1e-8) / 448."""
-        amax = tl.reduce(amax_tile, 1, _nan_max)
-        return tl.where(amax != amax, amax, tl.maximum(amax, 1e-8) / 448.0)
+        """Per-row FP8 scale from an elementwise absmax tile [ROWS, BLOCK_K] (NaN kept): NaN if the row holds a
+        NaN (as the reference twin's scale is), else max(amax, 1e-8) / 448. Compiled, one NaN-propagating max
+        reduction; in the interpreter (ONE_REDUCTION false), where a custom combine runs element by element in
+        Python, a max and a NaN count with the same result."""
+        if ONE_REDUCTION:
+            amax = tl.reduce(amax_tile, 1, _nan_max)
+            return tl.where(amax != amax, amax, tl.maximum(amax, 1e-8) / 448.0)
+        amax = tl.max(amax_tile, axis=1)
+        nans = tl.sum(tl.where(amax_tile != amax_tile, 1, 0), axis=1)
+        return tl.where(nans > 0, float("nan"), tl.maximum(amax, 1e-8) / 448.0)
 
     @triton.jit
     def _store_fp8_tile(q_ptr, rows, cols, mask, y, s, K, HW_CAST: tl.constexpr):

@@ -298,3 +298,26 @@ class TestGpu57b:
         # measured on the H200, 274 of 1,550,336 codes (1.8e-4) land one e4m3 step apart, never more.
         compare_fp8(tuple(t.cpu() for t in got), tuple(t.cpu() for t in want), ulp_fraction=1e-3,
                     what=f"quant_rows 757x2048 cuda {config}")
+
+
+@needs_triton_cpu
+def test_one_reduction_row_scale_matches_the_interpreters_form(monkeypatch):
+    """Compiled kernels take each row scale in one NaN-propagating max reduction (`ONE_REDUCTION`); the interpreter
+    runs a max and a NaN count instead (a custom combine is slow there). Both forms, in the interpreter on a row
+    with a NaN, a row with an inf and finite rows: the same codes and scales, bit for bit."""
+    import triton.language as tl
+    from vivant.kernels import fused_quant as fq
+
+    x = torch.randn(4, 48, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    x[1, 7] = float("nan")
+    x[3, 40] = float("inf")
+    gu = torch.cat([x, x.flip(1)], dim=1)
+    outs = {}
+    for one in (False, True):
+        monkeypatch.setattr(fq, "ONE_REDUCTION", tl.constexpr(one))
+        outs[one] = (fq.quant_rows(x, backend="triton", config=(2, 16, 1)), fq.swiglu_quant(gu, backend="triton"))
+    for (q0, s0), (q1, s1) in zip(outs[False], outs[True], strict=True):
+        assert torch.equal(q0.view(torch.uint8), q1.view(torch.uint8)), "codes differ between the two row-scale forms"
+        assert torch.equal(s0.isnan(), s1.isnan()) and torch.equal(s0.nan_to_num(), s1.nan_to_num()), (
+            f"scales differ: {s0.tolist()} vs {s1.tolist()}")
+    assert outs[True][0][1][1].isnan() and not outs[True][0][1][[0, 2]].isnan().any()
