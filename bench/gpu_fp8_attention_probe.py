@@ -1,0 +1,245 @@
+"""Probe: cuDNN's FP8 flash attention (the cuDNN frontend's `sdpa_fp8`) at the 57b TP=4 shape, against the served
+bf16 cuDNN split-KV call — time per call in a CUDA graph, and error against the float32 attention.
+
+Why: the step's attention is ≈ 19 ms per chunk (240 calls of ≈ 70.6 µs + the combine), bf16 cuDNN at about
+500 TFLOP/s. Hopper's FP8 tensor cores have twice the bf16 rate. This probe answers, before anything is built
+into the engine, whether cuDNN's FP8 kernel is faster at these shapes (757 queries × 16 heads over 5,788 slots,
+head_dim 128, the slots in P parts batched as today), whether it runs inside a CUDA graph, and what error its
+per-tensor FP8 scaling of Q, K, V, P and O adds. On Hopper cuDNN writes O in FP8 (scale_o); stats (the
+log-sum-exp the split combine needs) come with generate_stats.
+
+Needs the `nvidia-cudnn-frontend` wheel (the `gpu` extra); run by `STEPS=tune TUNE_PARTS=fp8_attn`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from vivant.bench.gpu_step import graph_us
+
+DEV = "cuda"
+E4M3_MAX = 448.0
+
+
+def _rel(a, b) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+class Fp8Sdpa:
+    """One built cuDNN FP8 SDPA graph for q [P, H, N, D], k, v [P, H, S/P, D] (any strides, FP8 e4m3), writing
+    o [P, H, N, D] FP8 and stats [P, H, N, 1] float32 (natural-log LSE of the scaled logits)."""
+
+    def __init__(self, q, k, v, o, stats, scale: float):
+        import cudnn
+
+        self.handle = cudnn.create_handle()
+        e4m3, f32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
+        g = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=f32, compute_data_type=f32, handle=self.handle)
+
+        def t(x, name):
+            return g.tensor(name=name, dim=list(x.shape), stride=list(x.stride()), data_type=e4m3)
+
+        self.scalars = {n: torch.ones(1, 1, 1, 1, dtype=torch.float32, device=DEV)
+                        for n in ("dq", "dk", "dv", "ds", "ss", "so")}
+        st = {n: g.tensor(name=n, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=f32) for n in self.scalars}
+        tq, tk, tv = t(q, "q"), t(k, "k"), t(v, "v")
+        to, tstats, tamax_s, tamax_o = g.sdpa_fp8(q=tq, k=tk, v=tv, descale_q=st["dq"], descale_k=st["dk"],
+                                                  descale_v=st["dv"], descale_s=st["ds"], scale_s=st["ss"],
+                                                  scale_o=st["so"], generate_stats=True, attn_scale=scale,
+                                                  use_causal_mask=False, name="sdpa_fp8")
+        to.set_output(True).set_dim(list(o.shape)).set_stride(list(o.stride())).set_data_type(e4m3)
+        tstats.set_output(True).set_dim(list(stats.shape)).set_stride(list(stats.stride())).set_data_type(f32)
+        self.amax_s = torch.zeros(1, 1, 1, 1, dtype=torch.float32, device=DEV)
+        self.amax_o = torch.zeros_like(self.amax_s)
+        for a in (tamax_s, tamax_o):
+            a.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(f32)
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        g.check_support()
+        g.build_plans()
+        self.graph = g
+        self.ws = torch.empty(max(1, g.get_workspace_size()), dtype=torch.uint8, device=DEV)
+        self.pack = {tq: q, tk: k, tv: v, to: o, tstats: stats, tamax_s: self.amax_s, tamax_o: self.amax_o}
+        self.pack.update({st[n]: self.scalars[n] for n in st})
+        self.cudnn = cudnn
+
+    def __call__(self):
+        self.cudnn.set_stream(handle=self.handle, stream=torch.cuda.current_stream().cuda_stream)
+        self.graph.execute(self.pack, self.ws, handle=self.handle)
+
+
+def probe_fp8_attention(cfg, tp: int = 4) -> dict:
+    from vivant.kernels.split_kv import _partial_sdpa, combine_splits_ref
+
+    n, h, d, slots = cfg.tokens_per_chunk, cfg.shard_heads(tp), cfg.head_dim, cfg.cache_slots
+    import cudnn
+
+    res = {"cudnn_backend": cudnn.backend_version(), "cudnn_frontend": getattr(cudnn, "__version__", "?")}
+    g = torch.Generator(device=DEV).manual_seed(0)
+    # q, k as after the qk RMSNorm (unit RMS rows), v of unit scale: the served ring's value range
+    q = torch.randn(n, h, d, device=DEV, generator=g)
+    k = torch.randn(slots, h, d, device=DEV, generator=g)
+    v = torch.randn(slots, h, d, device=DEV, generator=g)
+    scale = d ** -0.5
+    ref = torch.softmax(torch.einsum("nhd,shd->hns", q, k) * scale, -1)
+    ref = torch.einsum("hns,shd->nhd", ref, v)
+    bf = torch.bfloat16
+    qb = q.to(bf)
+    sq, sk, sv = (float(t.abs().amax()) / E4M3_MAX for t in (q, k, v))
+    q8, k8, v8 = (t.div(s).to(torch.float8_e4m3fn) for t, s in ((q, sq), (k, sk), (v, sv)))
+    # the error of the FP8 inputs alone (float32 attention over the dequantized q, k, v): the rest is P and O
+    qd, kd, vd = q8.float() * sq, k8.float() * sk, v8.float() * sv
+    res["inputs_only_rel_err"] = _rel(torch.einsum("hns,shd->nhd", torch.softmax(
+        torch.einsum("nhd,shd->hns", qd, kd) * scale, -1), vd), ref)
+    print(f"  fp8 inputs only: rel err {res['inputs_only_rel_err']:.4f}", flush=True)
+    for p in (1, 2, 4, 6, 8, 12):
+        row = {}
+        if slots % p:  # more parts than divide the slots: timed over an image padded to a multiple (no mask)
+            pad = p - slots % p
+            kb, vb = (torch.cat([t, t[:pad]]) for t in (k.to(bf), v.to(bf)))
+            k8p, v8p = (torch.cat([t, t[:pad]]) for t in (k8, v8))
+            row["padded_slots"] = slots + pad
+        else:
+            kb, vb, k8p, v8p = k.to(bf), v.to(bf), k8, v8
+        ns = kb.shape[0]
+        kv = [t.view(p, ns // p, h, d).permute(0, 2, 1, 3) for t in (kb, vb)]
+        qp = qb.transpose(0, 1).unsqueeze(0).expand(p, h, n, d)
+        o_bf, lse_bf = _partial_sdpa(qp, *kv, scale)
+        if "padded_slots" not in row:
+            row["bf16_rel_err"] = _rel(combine_splits_ref(o_bf, lse_bf), ref)
+        row["bf16_us"] = graph_us(lambda qp=qp, kv=kv: _partial_sdpa(qp, *kv, scale))
+        try:
+            kv8 = [t.view(p, ns // p, h, d).permute(0, 2, 1, 3) for t in (k8p, v8p)]
+            qp8 = q8.transpose(0, 1).unsqueeze(0).expand(p, h, n, d)
+            o8 = torch.empty(p, h, n, d, dtype=torch.float8_e4m3fn, device=DEV)
+            stats = torch.empty(p, h, n, 1, dtype=torch.float32, device=DEV)
+            op = Fp8Sdpa(qp8, *kv8, o8, stats, scale)
+            # O lies in the hull of V's rows: |o| <= max|v|, so o's scale can be v's
+            so = 1.0 / sv
+            for name, val in (("dq", sq), ("dk", sk), ("dv", sv), ("ds", 1.0 / E4M3_MAX), ("ss", E4M3_MAX),
+                              ("so", so)):
+                op.scalars[name].fill_(val)
+            op()
+            torch.cuda.synchronize()
+            o = o8.float() / so
+            lse = stats[..., 0]
+            got = combine_splits_ref(o, lse)
+            if "padded_slots" not in row:
+                row["fp8_rel_err"] = _rel(got, ref)
+                row["fp8_max_abs_err"] = float((got - ref).abs().max())
+            row["fp8_amax_s"], row["fp8_amax_o"] = float(op.amax_s), float(op.amax_o)
+            row["fp8_us"] = graph_us(op)
+            row["fp8_tflops"] = 4 * n * slots * d * h / row["fp8_us"] / 1e6  # useful FLOPs (real slots)
+            row["speedup"] = row["bf16_us"] / row["fp8_us"]
+        except Exception as e:  # a cuDNN that lacks the FP8 engine for this shape: recorded, not fatal
+            row["error"] = f"{type(e).__name__}: {e}"[:400]
+        res[f"p{p}"] = row
+        print(f"  fp8 attention p{p}: {row}", flush=True)
+    return res
+
+
+def _bf16_graph(q, k, v, o, stats, scale: float, handle):
+    """A cuDNN frontend bf16 SDPA graph (operation graph built, no plans yet) for q [P, H, N, D], k, v [P, H, S/P, D]
+    → o [P, H, N, D] bf16 and stats [P, H, N, 1] float32: the same call as torch's cuDNN attention op, with the plan
+    ours to choose."""
+    import cudnn
+
+    bf, f32 = cudnn.data_type.BFLOAT16, cudnn.data_type.FLOAT
+    g = cudnn.pygraph(io_data_type=bf, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
+    tq, tk, tv = (g.tensor(name=n, dim=list(x.shape), stride=list(x.stride()), data_type=bf)
+                  for n, x in (("q", q), ("k", k), ("v", v)))
+    to, ts = g.sdpa(q=tq, k=tk, v=tv, generate_stats=True, attn_scale=scale, use_causal_mask=False, name="sdpa")
+    to.set_output(True).set_dim(list(o.shape)).set_stride(list(o.stride())).set_data_type(bf)
+    ts.set_output(True).set_dim(list(stats.shape)).set_stride(list(stats.stride())).set_data_type(f32)
+    g.validate()
+    g.build_operation_graph()
+    return g, {tq: q, tk: k, tv: v, to: o, ts: stats}
+
+
+def _time_plans(g, pack, o, stats, ref, handle, out: dict, label: str) -> None:
+    """Time and check every built plan of cuDNN graph `g` (outputs o, stats; float32 reference `ref`) into out."""
+    import cudnn
+    from vivant.kernels.split_kv import combine_splits_ref
+
+    for i in range(g.get_execution_plan_count()):
+        name = f"{label}{i}"
+        try:
+            pname = g.get_plan_name_at_index(i)
+            ws = torch.empty(max(1, g.get_workspace_size_plan_at_index(i)), dtype=torch.uint8, device=DEV)
+
+            def run(i=i, ws=ws):
+                cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+                g.execute_plan_at_index(pack, ws, i, handle=handle)
+
+            run()
+            torch.cuda.synchronize()
+            err = _rel(combine_splits_ref(o.float(), stats[..., 0]), ref)
+            out[name] = {"plan": pname, "us": graph_us(run), "rel_err": err, "workspace": ws.numel()}
+        except Exception as e:
+            out[name] = {"error": f"{type(e).__name__}: {e}"[:200]}
+        print(f"  cudnn {name}: {out[name]}", flush=True)
+
+
+def probe_cudnn_plans(cfg, tp: int = 4, sweep_s: float = 240.0) -> dict:
+    """Every execution plan cuDNN offers for the step's bf16 split-KV attention call (heuristic modes A, B and
+    fallback, all plans built), and each engine's knobs swept one at a time from its first heuristic plan: µs per
+    call in a CUDA graph and the error against the float32 attention — whether a plan other than the one torch's
+    op takes (its first heuristic choice) is faster at 757 queries × 16 heads over 5,788 slots."""
+    import cudnn
+    from vivant.kernels.split_kv import _partial_sdpa
+
+    n, h, d, slots = cfg.tokens_per_chunk, cfg.shard_heads(tp), cfg.head_dim, cfg.cache_slots
+    bf = torch.bfloat16
+    g0 = torch.Generator(device=DEV).manual_seed(1)
+    q, k, v = (torch.randn(m, h, d, device=DEV, generator=g0) for m in (n, slots, slots))
+    scale = d ** -0.5
+    ref = torch.einsum("hns,shd->nhd", torch.softmax(torch.einsum("nhd,shd->hns", q, k) * scale, -1), v)
+    handle = cudnn.create_handle()
+    res = {}
+    for p in (4, 2, 1):
+        qp = q.to(bf).transpose(0, 1).unsqueeze(0).expand(p, h, n, d)
+        kp, vp = (t.to(bf).view(p, slots // p, h, d).permute(0, 2, 1, 3) for t in (k, v))
+        o = torch.empty(p, h, n, d, dtype=bf, device=DEV)
+        stats = torch.empty(p, h, n, 1, dtype=torch.float32, device=DEV)
+        row = {"torch_op_us": graph_us(lambda qp=qp, kp=kp, vp=vp: _partial_sdpa(qp, kp, vp, scale)), "plans": {}}
+        g, pack = _bf16_graph(qp, kp, vp, o, stats, scale, handle)
+        row["engines"] = {}
+        for eid in range(g.get_engine_count()):
+            try:
+                row["engines"][eid] = [(str(kn.type), kn.min_value, kn.max_value, kn.stride)
+                                       for kn in g.get_knobs_for_engine(eid)]
+            except Exception as e:
+                row["engines"][eid] = f"{type(e).__name__}: {e}"[:200]
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.B, cudnn.heur_mode.FALLBACK])
+        g.check_support()
+        g.build_plans(cudnn.build_plan_policy.ALL)
+
+        print(f"  cudnn p{p} engines and knobs: {row['engines']}", flush=True)
+        _time_plans(g, pack, o, stats, ref, handle, row["plans"], f"p{p} heur")
+        # each engine's knobs one at a time over their range (others at the engine's defaults), 4 parts only,
+        # within a time budget (cuDNN compiles its generated kernels at plan build)
+        t_end = time.time() + sweep_s
+        for eid, knobs in row["engines"].items():
+            if not isinstance(knobs, list) or p != 4:
+                continue
+            for ktype, lo, hi, stride in knobs:
+                vals = list(range(lo, hi + 1, max(1, stride)))[:12]
+                for val in vals:
+                    if time.time() > t_end:
+                        break
+                    kt = getattr(cudnn.knob_type, ktype.split(".")[-1])
+                    try:
+                        g2, pack2 = _bf16_graph(qp, kp, vp, o, stats, scale, handle)
+                        g2.create_execution_plan(eid, {kt: val})
+                        g2.check_support()
+                        g2.build_plans(cudnn.build_plan_policy.ALL)
+                    except Exception as e:
+                        row["plans"][f"e{eid}_{ktype}={val}"] = {"error": f"{type(e).__name__}: {e}"[:160]}
+                        continue
+                    _time_plans(g2, pack2, o, stats, ref, handle, row["plans"],
+                                f"p{p} e{eid}_{ktype.split('.')[-1]}={val}_")
+        res[f"p{p}"] = row
+    return res
