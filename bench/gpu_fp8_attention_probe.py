@@ -8,7 +8,8 @@ head_dim 128, the slots in P parts batched as today), whether it runs inside a C
 per-tensor FP8 scaling of Q, K, V, P and O adds. On Hopper cuDNN writes O in FP8 (scale_o); stats (the
 log-sum-exp the split combine needs) come with generate_stats.
 
-Needs the `nvidia-cudnn-frontend` wheel (the `gpu` extra); run by `STEPS=tune TUNE_PARTS=fp8_attn`.
+Needs the `nvidia-cudnn-frontend` wheel (pyproject's `probes` extra, carried in .whl/ to the GPU machine); run by
+`STEPS=tune TUNE_PARTS=fp8_attn` (and `cudnn_plans` for `probe_cudnn_plans`).
 """
 
 from __future__ import annotations

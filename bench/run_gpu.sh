@@ -12,7 +12,8 @@ mkdir -p "$PKG/vivant"
 for d in apis operator gateway worker kernels sessions bench devcluster; do ln -s "$PWD/$d" "$PKG/vivant/$d"; done
 for f in cli/*.py; do ln -s "$PWD/$f" "$PKG/vivant/$(basename "$f")"; done
 export PYTHONPATH="$PKG:$PWD/tests"
-# Packages the machine's image lacks travel as wheels in .whl/ (redis, pydantic, av: requirements/worker.txt's pins)
+# Packages the machine's image lacks travel as wheels in .whl/ (redis, pydantic, av: requirements/worker.txt's pins;
+# nvidia-cudnn-frontend for the attention probes: pyproject's `probes` extra)
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
