@@ -184,7 +184,7 @@ def _time_plans(g, pack, o, stats, ref, handle, out: dict, label: str) -> None:
         print(f"  cudnn {name}: {out[name]}", flush=True)
 
 
-def probe_cudnn_plans(cfg, tp: int = 4, sweep_s: float = 240.0) -> dict:
+def probe_cudnn_plans(cfg, tp: int = 4, sweep_s: float = 150.0) -> dict:
     """Every execution plan cuDNN offers for the step's bf16 split-KV attention call (heuristic modes A, B and
     fallback, all plans built), and each engine's knobs swept one at a time from its first heuristic plan: µs per
     call in a CUDA graph and the error against the float32 attention — whether a plan other than the one torch's
@@ -243,4 +243,101 @@ def probe_cudnn_plans(cfg, tp: int = 4, sweep_s: float = 240.0) -> dict:
                     _time_plans(g2, pack2, o, stats, ref, handle, row["plans"],
                                 f"p{p} e{eid}_{ktype.split('.')[-1]}={val}_")
         res[f"p{p}"] = row
+    return res
+
+
+def _fp8_gemm_graph(a, sa, w, sw, out, handle):
+    """cuDNN frontend graph of the engine's FP8 GEMM: a [1, M, K] e4m3 × wᵀ (w [N, K] e4m3 read as [1, K, N]) in
+    float32, × sa [1, M, 1] × sw [1, 1, N] → out [1, M, N] bf16 (the row/column scales of torch._scaled_mm)."""
+    import cudnn
+
+    e4m3, f32, bf = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT, cudnn.data_type.BFLOAT16
+    m, k = a.shape
+    n = w.shape[0]
+    g = cudnn.pygraph(io_data_type=bf, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
+    ta = g.tensor(name="a", dim=[1, m, k], stride=[m * k, k, 1], data_type=e4m3)
+    tb = g.tensor(name="b", dim=[1, k, n], stride=[n * k, 1, k], data_type=e4m3)
+    tsa = g.tensor(name="sa", dim=[1, m, 1], stride=[m, 1, 1], data_type=f32)
+    tsw = g.tensor(name="sw", dim=[1, 1, n], stride=[n, n, 1], data_type=f32)
+    c = g.matmul(ta, tb, compute_data_type=f32, name="mm")
+    c.set_data_type(f32)
+    c1 = g.mul(c, tsa, compute_data_type=f32, name="row_scale")
+    c1.set_data_type(f32)
+    c2 = g.mul(c1, tsw, compute_data_type=f32, name="col_scale")
+    c2.set_output(True).set_dim([1, m, n]).set_stride([m * n, n, 1]).set_data_type(bf)
+    g.validate()
+    g.build_operation_graph()
+    return g, {ta: a, tb: w, tsa: sa, tsw: sw, c2: out}
+
+
+def probe_cudnn_gemm(cfg, tp: int = 4, sweep_s: float = 150.0) -> dict:
+    """cuDNN's own FP8 GEMM engines (matmul + the row/column scales fused as epilogue) for the QKV projection
+    (M = 757, N = 6144, K = 8192: 288 tiles of 128 × 128 for cuBLASLt on 132 SMs), every heuristic plan and
+    each engine's knobs one at a time (tile shapes, stream-K, CTA count where cuDNN offers them), against
+    torch._scaled_mm (cuBLASLt, fast accumulation) in the same process: µs per call in a CUDA graph and the error
+    against the float32 product."""
+    import cudnn
+    from vivant.kernels.fp8 import quantize_rows_ref
+    from vivant.kernels.fp8_gemm import fp8_linear, quantize_weight
+    from vivant.worker.model.tp import local_shapes
+
+    m = cfg.tokens_per_chunk
+    n, k = local_shapes(cfg, tp)["qkv"]
+    w8, sw = quantize_weight(torch.randn(n, k, device=DEV) / k ** 0.5)
+    a8, sa = quantize_rows_ref(torch.randn(m, k, device=DEV))
+    ref = (a8.float() * sa[:, None]) @ (w8.float() * sw[:, None]).t()
+    out = torch.empty(1, m, n, dtype=torch.bfloat16, device=DEV)
+    res = {"shape": [m, n, k], "cublas_us": graph_us(lambda: fp8_linear(a8, sa, w8, sw, fast_accum=True)),
+           "cublas_exact_us": graph_us(lambda: fp8_linear(a8, sa, w8, sw, fast_accum=False)), "plans": {}}
+    print(f"  gemm qkv cuBLASLt {res['cublas_us']:.1f} µs (exact {res['cublas_exact_us']:.1f})", flush=True)
+    handle = cudnn.create_handle()
+    a3, sa3, sw3 = a8.view(1, m, k), sa.view(1, m, 1), sw.view(1, 1, n)
+
+    def check(label, g, pack):
+        for i in range(g.get_execution_plan_count()):
+            name = f"{label}{i}"
+            try:
+                ws = torch.empty(max(1, g.get_workspace_size_plan_at_index(i)), dtype=torch.uint8, device=DEV)
+
+                def run(i=i, ws=ws):
+                    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+                    g.execute_plan_at_index(pack, ws, i, handle=handle)
+
+                run()
+                torch.cuda.synchronize()
+                res["plans"][name] = {"plan": g.get_plan_name_at_index(i), "us": graph_us(run),
+                                      "rel_err": _rel(out[0].float(), ref), "workspace": ws.numel()}
+            except Exception as e:
+                res["plans"][name] = {"error": f"{type(e).__name__}: {e}"[:200]}
+            print(f"  gemm {name}: {res['plans'][name]}", flush=True)
+
+    try:
+        g, pack = _fp8_gemm_graph(a3, sa3, w8, sw3, out, handle)
+        engines = {eid: [(str(kn.type), kn.min_value, kn.max_value, kn.stride) for kn in g.get_knobs_for_engine(eid)]
+                   for eid in range(g.get_engine_count())}
+        res["engines"] = engines
+        print(f"  gemm engines and knobs: {engines}", flush=True)
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.B, cudnn.heur_mode.FALLBACK])
+        g.check_support()
+        g.build_plans(cudnn.build_plan_policy.ALL)
+        check("heur", g, pack)
+    except Exception as e:
+        res["error"] = f"{type(e).__name__}: {e}"[:400]
+        print(f"  gemm graph: {res['error']}", flush=True)
+        return res
+    t_end = time.time() + sweep_s
+    for eid, knobs in engines.items():
+        for ktype, lo, hi, stride in knobs:
+            for val in list(range(lo, hi + 1, max(1, stride)))[:12]:
+                if time.time() > t_end:
+                    break
+                try:
+                    g2, pack2 = _fp8_gemm_graph(a3, sa3, w8, sw3, out, handle)
+                    g2.create_execution_plan(eid, {getattr(cudnn.knob_type, ktype.split(".")[-1]): val})
+                    g2.check_support()
+                    g2.build_plans(cudnn.build_plan_policy.ALL)
+                except Exception as e:
+                    res["plans"][f"e{eid}_{ktype}={val}"] = {"error": f"{type(e).__name__}: {e}"[:160]}
+                    continue
+                check(f"e{eid}_{ktype.split('.')[-1]}={val}_", g2, pack2)
     return res

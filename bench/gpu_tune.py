@@ -470,7 +470,8 @@ def main() -> None:
                               ("gemm_split", "gemm_split", rp.probe_gemm_split),
                               ("streamk", "streamk", gemm_probe.probe_streamk),
                               ("fp8_attn", "fp8_attention", fap.probe_fp8_attention),
-                              ("cudnn_plans", "cudnn_plans", fap.probe_cudnn_plans)):
+                              ("cudnn_plans", "cudnn_plans", fap.probe_cudnn_plans),
+                              ("cudnn_gemm", "cudnn_gemm", fap.probe_cudnn_gemm)):
         if part in parts:
             section(name, lambda probe=probe: probe(cfg), res)
             save()
