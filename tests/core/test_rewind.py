@@ -229,6 +229,31 @@ def test_copy_words_is_bit_exact_on_ring_slices(dtype):
     assert torch.equal(odd.view(torch.uint8), ring[:, 11:20, :, 1:].contiguous().view(torch.uint8))
 
 
+def test_undo_saves_follow_ring_tensors_that_were_replaced():
+    """save_chunk keeps its (entry, slot range) → word views between chunks; when the ring's tensors are replaced
+    (another dtype, a new read image) the kept views must go, or a save would copy a tensor the cache no longer
+    uses. A restore after the replacement must bring back the new tensors' bytes."""
+    from vivant.worker.model.kv_cache import KVCache
+    from vivant.worker.model.positions import RingLayout
+
+    layout = RingLayout(CFG.sink_tokens, CFG.tokens_per_chunk, CFG.window_chunks)
+    cache = KVCache(layers=2, heads=1, head_dim=CFG.head_dim, layout=layout, rope_dims=CFG.rope_dims,
+                    rope_theta=CFG.rope_theta, fp8=False, rewind_chunks=2)
+    undo = cache.undo
+    a, b = layout.chunk_slot_range(1)
+    cache.k.normal_()
+    undo.save_chunk(cache, 1)
+    assert torch.equal(undo._buf["k"][1], cache.k[:, a:b])
+    old_k = cache.k
+    cache.k = torch.randn_like(old_k)  # the ring's K replaced by another tensor
+    undo.save_chunk(cache, 1)
+    assert torch.equal(undo._buf["k"][1], cache.k[:, a:b]), "the save copied the replaced tensor"
+    saved = cache.k[:, a:b].clone()
+    cache.k[:, a:b] = 0.0
+    undo.restore(cache, to_chunk=1, next_chunk=2)
+    assert torch.equal(cache.k[:, a:b], saved)
+
+
 def test_host_inputs_name_their_chunk_and_frame(model):
     """The next chunk's audio-independent inputs (built while the device runs a chunk) carry the chunk, position
     frame and seed they were made for, and there are none while a position reset is due first."""

@@ -33,19 +33,24 @@ from __future__ import annotations
 import torch
 
 
-def copy_words(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """dst.copy_(src) for tensors of one dtype whose rows (last dim) are contiguous, moved as 8-byte words when
-    every row's bytes and every other stride divide by 8: a slice of the ring over slots is strided (one block per
-    layer), and the device's generic strided copy moves elements, so words copy the same bytes in 2–8× fewer
-    elements (bf16: 4, FP8: 8, float32 scales: 2). Bit-exact either way."""
+def word_views(dst: torch.Tensor, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dst, src) as 8-byte-word (int64) views when both are tensors of one dtype and shape whose rows (last dim) are
+    contiguous and whose every row's bytes and every other stride divide by 8; else (dst, src) as they are.
+    Why: a slice of the ring over slots is strided (one block per layer), and the device's generic strided copy moves
+    elements, so words copy the same bytes in 2–8× fewer elements (bf16: 4, FP8: 8, float32 scales: 2)."""
     def words_ok(t: torch.Tensor) -> bool:
         size = t.element_size()
         return t.stride(-1) == 1 and (t.shape[-1] * size) % 8 == 0 and \
             all((st * size) % 8 == 0 for st in t.stride()[:-1]) and (t.storage_offset() * size) % 8 == 0
     if dst.dtype == src.dtype and dst.shape == src.shape and dst.dim() and words_ok(dst) and words_ok(src):
-        dst.view(torch.int64).copy_(src.view(torch.int64))
-    else:
-        dst.copy_(src)
+        return dst.view(torch.int64), src.view(torch.int64)
+    return dst, src
+
+
+def copy_words(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst.copy_(src) through `word_views`: bit-exact either way."""
+    d, s = word_views(dst, src)
+    d.copy_(s)
 
 
 def _separate_image(cache) -> bool:
@@ -68,6 +73,10 @@ class RingUndoLog:
         self._buf: dict[str, torch.Tensor] = {}
         self.reset_chunk: int | None = None  # the chunk that began with the position reset held in the snapshot
         self._reset_has_image = False
+        # save_chunk's (entry, first slot) → its (dst, src) word views, for the ring tensors named by _save_key (their
+        # data pointers): a chunk start then costs one copy call per tensor, no view building or stride checks
+        self._save_key: tuple = ()
+        self._save_views: dict[tuple[int, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def clear(self) -> None:
         self.chunk_of = [-1] * self.depth
@@ -89,8 +98,16 @@ class RingUndoLog:
             return
         a, b = cache.layout.chunk_slot_range(chunk)
         e = chunk % self.depth
-        for name, t in self._tensors(cache):
-            copy_words(self._alloc(name, t, b - a)[e], t[:, a:b])
+        tensors = self._tensors(cache)
+        key = tuple((name, t.data_ptr(), t.dtype, tuple(t.shape)) for name, t in tensors)
+        if key != self._save_key:  # other ring tensors (a new image, another ring): views of the old ones go
+            self._save_key, self._save_views = key, {}
+        views = self._save_views.get((e, a))
+        if views is None:
+            views = self._save_views[(e, a)] = [word_views(self._alloc(name, t, b - a)[e], t[:, a:b])
+                                                for name, t in tensors]
+        for dst, src in views:
+            dst.copy_(src)
         self.chunk_of[e] = chunk
         self._has_image[e] = _separate_image(cache)
 
