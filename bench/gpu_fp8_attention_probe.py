@@ -17,15 +17,11 @@ from __future__ import annotations
 import time
 
 import torch
+from vivant.bench.gpu_probes import rel
 from vivant.bench.gpu_step import graph_us
 
 DEV = "cuda"
 E4M3_MAX = 448.0
-
-
-def _rel(a, b) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 class Fp8Sdpa:
@@ -93,7 +89,7 @@ def probe_fp8_attention(cfg, tp: int = 4) -> dict:
     q8, k8, v8 = (t.div(s).to(torch.float8_e4m3fn) for t, s in ((q, sq), (k, sk), (v, sv)))
     # the error of the FP8 inputs alone (float32 attention over the dequantized q, k, v): the rest is P and O
     qd, kd, vd = q8.float() * sq, k8.float() * sk, v8.float() * sv
-    res["inputs_only_rel_err"] = _rel(torch.einsum("hns,shd->nhd", torch.softmax(
+    res["inputs_only_rel_err"] = rel(torch.einsum("hns,shd->nhd", torch.softmax(
         torch.einsum("nhd,shd->hns", qd, kd) * scale, -1), vd), ref)
     print(f"  fp8 inputs only: rel err {res['inputs_only_rel_err']:.4f}", flush=True)
     for p in (1, 2, 4, 6, 8, 12):
@@ -110,7 +106,7 @@ def probe_fp8_attention(cfg, tp: int = 4) -> dict:
         qp = qb.transpose(0, 1).unsqueeze(0).expand(p, h, n, d)
         o_bf, lse_bf = _partial_sdpa(qp, *kv, scale)
         if "padded_slots" not in row:
-            row["bf16_rel_err"] = _rel(combine_splits_ref(o_bf, lse_bf), ref)
+            row["bf16_rel_err"] = rel(combine_splits_ref(o_bf, lse_bf), ref)
         row["bf16_us"] = graph_us(lambda qp=qp, kv=kv: _partial_sdpa(qp, *kv, scale))
         try:
             kv8 = [t.view(p, ns // p, h, d).permute(0, 2, 1, 3) for t in (k8p, v8p)]
@@ -129,7 +125,7 @@ def probe_fp8_attention(cfg, tp: int = 4) -> dict:
             lse = stats[..., 0]
             got = combine_splits_ref(o, lse)
             if "padded_slots" not in row:
-                row["fp8_rel_err"] = _rel(got, ref)
+                row["fp8_rel_err"] = rel(got, ref)
                 row["fp8_max_abs_err"] = float((got - ref).abs().max())
             row["fp8_amax_s"], row["fp8_amax_o"] = float(op.amax_s), float(op.amax_o)
             row["fp8_us"] = graph_us(op)
@@ -177,7 +173,7 @@ def _time_plans(g, pack, o, stats, ref, handle, out: dict, label: str) -> None:
 
             run()
             torch.cuda.synchronize()
-            err = _rel(combine_splits_ref(o.float(), stats[..., 0]), ref)
+            err = rel(combine_splits_ref(o.float(), stats[..., 0]), ref)
             out[name] = {"plan": pname, "us": graph_us(run), "rel_err": err, "workspace": ws.numel()}
         except Exception as e:
             out[name] = {"error": f"{type(e).__name__}: {e}"[:200]}
@@ -306,7 +302,7 @@ def probe_cudnn_gemm(cfg, tp: int = 4, sweep_s: float = 150.0) -> dict:
                 run()
                 torch.cuda.synchronize()
                 res["plans"][name] = {"plan": g.get_plan_name_at_index(i), "us": graph_us(run),
-                                      "rel_err": _rel(out[0].float(), ref), "workspace": ws.numel()}
+                                      "rel_err": rel(out[0].float(), ref), "workspace": ws.numel()}
             except Exception as e:
                 res["plans"][name] = {"error": f"{type(e).__name__}: {e}"[:200]}
             print(f"  gemm {name}: {res['plans'][name]}", flush=True)

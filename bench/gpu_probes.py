@@ -26,7 +26,14 @@ DEV = "cuda"
 
 
 def deq(q, s):
+    """FP8 codes × their row scales → float32."""
     return q.float() * s.float()[..., None]
+
+
+def rel(a, b) -> float:
+    """Relative RMS error ‖a − b‖ / ‖b‖ in float64."""
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def sweep_split_combine(cfg) -> dict:

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import torch
+from vivant.bench.gpu_probes import deq, rel
 from vivant.bench.gpu_step import graph_us
 from vivant.kernels import fused_quant as fq
 from vivant.kernels.fp8 import quantize_rows_ref
@@ -28,15 +29,6 @@ except ImportError:  # pragma: no cover
     triton = None
 
 DEV = "cuda"
-
-
-def _deq(q, s):
-    return q.float() * s.float()[..., None]
-
-
-def _rel(a, b) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 if triton is not None:
@@ -144,7 +136,7 @@ def sweep_row_variants(cfg, tp: int = 4) -> dict:
         try:
             xo, q, s = fn()
             rx, rq, rs = fq.residual_ln_mod_quant_ref(x, y, g, sh, sc)
-            row = {"variant": name, "x_equal": bool(torch.equal(xo, rx)), "rel_err": _rel(_deq(q, s), _deq(rq, rs))}
+            row = {"variant": name, "x_equal": bool(torch.equal(xo, rx)), "rel_err": rel(deq(q, s), deq(rq, rs))}
             row["us"] = graph_us(fn)
             row["gbps"] = nbytes / row["us"] / 1e3
         except Exception as e:  # one failing variant must not cost the others
@@ -166,7 +158,7 @@ def sweep_row_variants(cfg, tp: int = 4) -> dict:
         try:
             q, s = fn()
             rq, rs = fq.swiglu_quant_ref(gu)
-            row = {"variant": name, "rel_err": _rel(_deq(q, s), _deq(rq, rs))}
+            row = {"variant": name, "rel_err": rel(deq(q, s), deq(rq, rs))}
             row["us"] = graph_us(fn)
             row["gbps"] = nbytes / row["us"] / 1e3
         except Exception as e:

@@ -37,7 +37,7 @@ import traceback
 
 import numpy as np
 import torch
-from vivant.bench.gpu_probes import deq, probe_launch, sweep_split_combine
+from vivant.bench.gpu_probes import deq, probe_launch, rel, sweep_split_combine
 from vivant.bench.gpu_step import _audio, build_rank, graph_us, profile_chunks
 from vivant.kernels import fused_quant as fq
 from vivant.kernels.fp8 import quantize_rows_ref
@@ -55,11 +55,6 @@ DEV = "cuda"
 FUSED_CONFIGS = [None, (1, 0, 4), (1, 0, 8), (1, 0, 16), (1, 0, 32), (2, 0, 16), (2, 0, 32), (1, 1024, 4),
                  (2, 1024, 4), (2, 1024, 8), (4, 1024, 8), (4, 512, 4), (1, 2048, 8), (2, 2048, 8), (4, 2048, 16),
                  (8, 256, 4), (8, 512, 8)]
-
-
-def rel(a, b) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def section(name, fn, res):
