@@ -93,6 +93,7 @@ class ChunkGenerator:
         self.featurize = AudioFeaturizer(sample_rate=cfg.audio_sample_rate, tokens=max(cfg.audio_tokens, 1),
                                          features=cfg.audio_feature_dim,
                                          nominal_samples=cfg.chunk_sample_range(0)[1])
+        self._pinned_sets: list[dict[str, torch.Tensor]] | None = None  # `_staging`'s two sets, at first use
         self.reset_session(seed)
 
     def apply_flags(self, flags: FlagValues) -> RowParallelPath:
@@ -184,7 +185,7 @@ class ChunkGenerator:
         runs is not the one chunk n's copies read, and chunk n − 1's copies from it ended with chunk n − 1's wait."""
         if self.device.type != "cuda":
             return None
-        if not hasattr(self, "_pinned_sets"):
+        if self._pinned_sets is None:
             c = self.cfg
 
             def pinned(shape, dtype):
