@@ -14,7 +14,9 @@ python bench/gpu_tune.py --out OUT/tune.json [--parts kernels,small,split,launch
    programmatic dependent launch at library → Triton boundaries (kernel pairs only: measured within noise, the
    engine does not use it), the GEMMs with no cuBLASLt workspace. Parts `rows` and `gemm_split`
    (bench/gpu_row_probes.py): prototype forms of the residual/SwiGLU row kernels, and the QKV GEMM split by N.
-   Part `fp8_attn` (bench/gpu_fp8_attention_probe.py): cuDNN's FP8 flash attention against the bf16 call.
+   Part `fp8_attn` (bench/gpu_fp8_attention_probe.py): cuDNN's FP8 flash attention against the bf16 call;
+   `cudnn_plans` / `cudnn_gemm`: every cuDNN plan and knob for the bf16 attention call and the QKV FP8 GEMM.
+   Part `persist` (bench/gpu_persistent_rows_probe.py): persistent residual/SwiGLU row kernels with prefetch.
 2. The whole step, several engine variants (EngineOptions) on the same FP8 weights (A/B/A order in one process):
    median ms per chunk,
    and a CUDA-kernel profile (torch.profiler) grouped into GEMMs / attention / fused kernels / other, with the
@@ -456,9 +458,11 @@ def main() -> None:
         save()
     from vivant.bench import gpu_fp8_attention_probe as fap
     from vivant.bench import gpu_gemm_probe as gemm_probe
+    from vivant.bench import gpu_persistent_rows_probe as prp
     from vivant.bench import gpu_row_probes as rp
 
-    for part, name, probe in (("rows", "row_variants", rp.sweep_row_variants),
+    for part, name, probe in (("persist", "persistent_rows", prp.probe_persistent_rows),
+                              ("rows", "row_variants", rp.sweep_row_variants),
                               ("attn_shapes", "attention_shapes", rp.probe_attention_shapes),
                               ("fast_accum_ab", "fast_accum_ab", rp.probe_fast_accum_ab),
                               ("gemm_rows", "gemm_rows", rp.probe_gemm_rows),
