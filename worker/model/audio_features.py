@@ -58,10 +58,13 @@ class AudioFeaturizer:
         if sample_rate != self.sample_rate:
             raise AudioError(f"audio sample_rate = {sample_rate} Hz; expected {self.sample_rate} Hz "
                              "(resample before the generator)")
-        x = torch.as_tensor(np.asarray(audio, dtype=np.float32) if not torch.is_tensor(audio) else audio).float()
+        a = np.asarray(audio, dtype=np.float32) if not torch.is_tensor(audio) else None
+        x = torch.as_tensor(a if a is not None else audio).float()
         if x.dim() != 1:
             raise AudioError(f"audio shape = {tuple(x.shape)}; expected mono 1-D samples")
-        if not torch.isfinite(x).all():
+        # numpy's check on a numpy input: the same answer in a tenth of torch's per-op time (this runs on the host
+        # path of every chunk, before the device gets its first pass)
+        if not (np.isfinite(a).all() if a is not None else torch.isfinite(x).all()):
             raise AudioError("audio contains NaN or Inf samples; expected finite float PCM in [-1, 1]")
         x = x.clamp(-FULL_SCALE, FULL_SCALE)
         need = self.window * self.tokens
