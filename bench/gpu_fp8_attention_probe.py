@@ -329,9 +329,12 @@ def probe_cudnn_gemm(cfg, tp: int = 4, sweep_s: float = 110.0) -> dict:
         print(f"  gemm graph: {res['error']}", flush=True)
         return res
     t_end = time.time() + sweep_s
-    for eid, knobs in engines.items():
-        for ktype, lo, hi, stride in knobs:
-            for val in list(range(lo, hi + 1, max(1, stride)))[:12]:
+    # the engine with the most kernel configurations first (the split-K knob, swept on engines 4 and 7, only slowed
+    # them down), kernel configurations before split-K
+    order = sorted(engines.items(), key=lambda kv: -max((hi - lo for _, lo, hi, _ in kv[1]), default=0))
+    for eid, knobs in order:
+        for ktype, lo, hi, stride in sorted(knobs, key=lambda kn: "SPLIT_K" in kn[0]):
+            for val in range(lo, hi + 1, max(1, stride)):
                 if time.time() > t_end:
                     break
                 try:
