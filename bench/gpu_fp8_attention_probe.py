@@ -268,7 +268,7 @@ def _fp8_gemm_graph(a, sa, w, sw, out, handle):
     return g, {ta: a, tb: w, tsa: sa, tsw: sw, c2: out}
 
 
-def probe_cudnn_gemm(cfg, tp: int = 4, sweep_s: float = 110.0) -> dict:
+def probe_cudnn_gemm(cfg, tp: int = 4, sweep_s: float = 200.0) -> dict:
     """cuDNN's own FP8 GEMM engines (matmul + the row/column scales fused as epilogue) for the QKV projection
     (M = 757, N = 6144, K = 8192: 288 tiles of 128 × 128 for cuBLASLt on 132 SMs), every heuristic plan and
     each engine's knobs one at a time (tile shapes, stream-K, CTA count where cuDNN offers them), against
