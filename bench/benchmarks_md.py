@@ -305,6 +305,66 @@ cost on `ref` would have to be measured before it could be served. More parts
 
 """
 
+pr = load("tune_57b_tp4_rank0_h200_2026-12-02_persistent-rows.json")["persistent_rows"]
+cp = load("tune_57b_tp4_rank0_h200_2026-12-02_cudnn-plans.json")["cudnn_plans"]
+cg = load("tune_57b_tp4_rank0_h200_2026-12-02_cudnn-gemm.json")["cudnn_gemm"]
+ht = load("step_57b_tp4_rank0_h200_2026-12-02_host-trims.json")
+ht_c = load("step_57b_tp4_rank0_h200_2026-12-02_row-kernels-lease-c.json")
+
+
+def _pr_row(kernel):
+    rows = pr[kernel]
+    best = min(((k, v) for k, v in rows.items() if k != "production" and v["us"] and v.get("rel_err", 1) < 2e-2
+                and v.get("x_equal", True)), key=lambda kv: min(kv[1]["us"]))
+    prod = rows["production"]["us"]
+    return (f"production {' / '.join(f'{t:.1f}' for t in prod)} µs; best persistent form ({best[0]}) "
+            f"{' / '.join(f'{t:.1f}' for t in best[1]['us'])} µs")
+
+
+def _plan_stats(plans):
+    ok = [v for v in plans.values() if "us" in v and v["rel_err"] < 0.01]
+    wrong = [v for v in plans.values() if "us" in v and v["rel_err"] >= 0.01]
+    return ok, wrong, min(ok, key=lambda v: v["us"])
+
+
+cp_ok, cp_wrong, cp_best = _plan_stats(cp["p4"]["plans"])
+cp_other = min((v for v in cp_ok if v["plan"] != cp_best["plan"]), key=lambda v: v["us"])
+cg_ok, cg_wrong, cg_best = _plan_stats(cg["plans"])
+ht_gap = lambda d: next(g["us"] for g in d["optimized_profile"]["gaps"]["largest"]  # noqa: E731
+                        if g["after"].startswith("Memcpy DtoH"))
+probe_section = f"""## What cuDNN and persistent row kernels offer (2026-12-02, probes; none served)
+
+Three more candidates for the step, each measured against what the engine runs, in one process per call
+(`bench/results/gpu_run_log_2026-12-02_cudnn-probes.txt`, calls 16–20):
+
+```
+STEPS=tune TUNE_PARTS=persist,cudnn_plans,cudnn_gemm bash bench/run_gpu.sh $OUT
+#   bench/gpu_persistent_rows_probe.py, bench/gpu_fp8_attention_probe.py (probe_cudnn_plans, probe_cudnn_gemm)
+```
+
+- **Persistent row kernels** (`tune_…_persistent-rows.json`; a grid of 1–4 programs per SM walking the rows, the
+  next row's loads issued before the current row's reductions, or the loop left to Triton's pipeliner; two rounds
+  each, µs per call in a CUDA graph). Residual + LayerNorm + modulation + FP8: {_pr_row('residual_ln_mod_quant')}.
+  SwiGLU + FP8: {_pr_row('swiglu_quant')}. The pipeliner's form is slower everywhere. One residual configuration
+  gains about {min(pr['residual_ln_mod_quant']['production']['us']) - min(min(v['us']) for k, v in pr['residual_ln_mod_quant'].items() if k != 'production' and v['us']):.1f} µs in isolation and its neighbours lose; not taken into the engine on one lease's evidence.
+- **Every cuDNN plan for the attention call** (`tune_…_cudnn-plans.json`; the cuDNN frontend graph of the same
+  bf16 split-KV call, heuristic modes A, B and fallback with every plan built, then each engine's kernel
+  configurations): torch's op {cp['p4']['torch_op_us']:.1f} µs at 4 parts; the fastest correct plan is the one torch already takes
+  ({cp_best['plan']}, {cp_best['us']:.1f} µs); the next best is {cp_other['plan']} at {cp_other['us']:.1f} µs. {len(cp_wrong)} of the plans that built returned
+  wrong results (relative error above 1 %, up to {100 * max(v['rel_err'] for v in cp_wrong):.0f} %) and are excluded. Nothing to gain from cuDNN's plan choice.
+- **cuDNN's own FP8 GEMMs for QKV** (`tune_…_cudnn-gemm.json`; matmul with the row and column scales fused as its
+  epilogue, {len(cg['plans'])} plans and knob values tried, {len(cg_ok)} correct): the fastest, {cg_best['plan']}, takes {cg_best['us']:.1f} µs against
+  cuBLASLt's {cg['cublas_us']:.1f} µs in the same process. cuBLASLt stays.
+
+**The step on this session's final code** (call 20, `step_57b_tp4_rank0_h200_2026-12-02_host-trims.json`, same command as
+lease C above; GPU tests 62 of 62 in the same call): median **{ht['optimized_ms']:.1f} ms**, p99 {ht['optimized_p99_ms']:.1f}; GEMMs
+{ht['optimized_profile']['ms_per_chunk_by_category']['gemms']:.1f}, attention {ht['optimized_profile']['ms_per_chunk_by_category']['attention']:.1f}, row kernels {ht['optimized_profile']['ms_per_chunk_by_category']['fused_kernels']:.1f} ms per chunk (lease C: {ht_c['optimized_profile']['ms_per_chunk_by_category']['gemms']:.1f} / {ht_c['optimized_profile']['ms_per_chunk_by_category']['attention']:.1f} / {ht_c['optimized_profile']['ms_per_chunk_by_category']['fused_kernels']:.1f}: the same
+GEMM kernels took longer on this lease). Across the two leases, with the host changes between them (the undo log's
+save reuses its word views; a numpy finite check of the audio), the device's idle time in gaps over 20 µs went from {ht_c['optimized_profile']['gaps']['over_20us_ms_per_chunk']:.2f} to {ht['optimized_profile']['gaps']['over_20us_ms_per_chunk']:.2f} ms per chunk,
+and the chunk boundary's gap from {ht_gap(ht_c):.0f} to {ht_gap(ht):.0f} µs. **The 100 ms goal is still not met.**
+
+"""
+
 print(f"""# Benchmarks
 
 Every figure here comes from a command in `bench/`, run as written, with its JSON committed under
@@ -330,7 +390,7 @@ the undo log's word copies).
 
 {ablation_head}
 {rk_section}
-{fa_section}## The unified engine and the served runtime (2026-12-01/02)
+{fa_section}{probe_section}## The unified engine and the served runtime (2026-12-01/02)
 
 The engine as served today: the FP8 parts of the one `VideoDiT` forward (`worker/model/fast_parts.py`, one frozen
 `EngineOptions`), chunk 0's sink through the same fused QKV → ring kernel as every later chunk, and the worker
