@@ -287,7 +287,7 @@ log-sum-exp. Against the bf16 cuDNN call the engine makes, on the same random in
 µs per call in a CUDA graph and the relative RMS error of the combined output against float32 attention:
 
 ```
-STEPS=tune TUNE_PARTS=fp8_attn bash bench/run_gpu.sh $OUT          # bench/gpu_fp8_attention_probe.py
+STEPS=tune TUNE_PARTS=fp8_attn bash bench/run_gpu.sh $OUT          # bench/gpu_cudnn_probe.py
 ```
 
 | parts | slots | bf16 µs | FP8 µs | speed-up | error bf16 / FP8 % |
@@ -339,7 +339,7 @@ Three more candidates for the step, each measured against what the engine runs, 
 
 ```
 STEPS=tune TUNE_PARTS=persist,cudnn_plans,cudnn_gemm bash bench/run_gpu.sh $OUT
-#   bench/gpu_persistent_rows_probe.py, bench/gpu_fp8_attention_probe.py (probe_cudnn_plans, probe_cudnn_gemm)
+#   bench/gpu_persistent_rows_probe.py, bench/gpu_cudnn_probe.py (probe_cudnn_plans, probe_cudnn_gemm)
 ```
 
 - **Persistent row kernels** (`tune_…_persistent-rows.json`; a grid of 1–4 programs per SM walking the rows, the

@@ -14,7 +14,7 @@ python bench/gpu_tune.py --out OUT/tune.json [--parts kernels,small,split,launch
    programmatic dependent launch at library → Triton boundaries (kernel pairs only: measured within noise, the
    engine does not use it), the GEMMs with no cuBLASLt workspace. Parts `rows` and `gemm_split`
    (bench/gpu_row_probes.py): prototype forms of the residual/SwiGLU row kernels, and the QKV GEMM split by N.
-   Part `fp8_attn` (bench/gpu_fp8_attention_probe.py): cuDNN's FP8 flash attention against the bf16 call;
+   Part `fp8_attn` (bench/gpu_cudnn_probe.py): cuDNN's FP8 flash attention against the bf16 call;
    `cudnn_plans` / `cudnn_gemm`: every cuDNN plan and knob for the bf16 attention call and the QKV FP8 GEMM.
    Part `persist` (bench/gpu_persistent_rows_probe.py): persistent residual/SwiGLU row kernels with prefetch.
 2. The whole step, several engine variants (EngineOptions) on the same FP8 weights (A/B/A order in one process):
@@ -456,7 +456,7 @@ def main() -> None:
         section("attention", lambda: sweep_attention(cfg), res)
         section("gemms", lambda: sweep_gemms(cfg), res)
         save()
-    from vivant.bench import gpu_fp8_attention_probe as fap
+    from vivant.bench import gpu_cudnn_probe as cudnn_probe
     from vivant.bench import gpu_gemm_probe as gemm_probe
     from vivant.bench import gpu_persistent_rows_probe as prp
     from vivant.bench import gpu_row_probes as rp
@@ -468,9 +468,9 @@ def main() -> None:
                               ("gemm_rows", "gemm_rows", rp.probe_gemm_rows),
                               ("gemm_split", "gemm_split", rp.probe_gemm_split),
                               ("streamk", "streamk", gemm_probe.probe_streamk),
-                              ("fp8_attn", "fp8_attention", fap.probe_fp8_attention),
-                              ("cudnn_plans", "cudnn_plans", fap.probe_cudnn_plans),
-                              ("cudnn_gemm", "cudnn_gemm", fap.probe_cudnn_gemm)):
+                              ("fp8_attn", "fp8_attention", cudnn_probe.probe_fp8_attention),
+                              ("cudnn_plans", "cudnn_plans", cudnn_probe.probe_cudnn_plans),
+                              ("cudnn_gemm", "cudnn_gemm", cudnn_probe.probe_cudnn_gemm)):
         if part in parts:
             section(name, lambda probe=probe: probe(cfg), res)
             save()

@@ -1,15 +1,17 @@
-"""Probe: cuDNN's FP8 flash attention (the cuDNN frontend's `sdpa_fp8`) at the 57b TP=4 shape, against the served
-bf16 cuDNN split-KV call — time per call in a CUDA graph, and error against the float32 attention.
+"""Probes of cuDNN at the 57b TP=4 step's shapes, through the cuDNN frontend's graph API, each against what the
+engine runs in the same process (µs per call in a CUDA graph, error against float32):
 
-Why: the step's attention is ≈ 19 ms per chunk (240 calls of ≈ 70.6 µs + the combine), bf16 cuDNN at about
-500 TFLOP/s. Hopper's FP8 tensor cores have twice the bf16 rate. This probe answers, before anything is built
-into the engine, whether cuDNN's FP8 kernel is faster at these shapes (757 queries × 16 heads over 5,788 slots,
-head_dim 128, the slots in P parts batched as today), whether it runs inside a CUDA graph, and what error its
-per-tensor FP8 scaling of Q, K, V, P and O adds. On Hopper cuDNN writes O in FP8 (scale_o); stats (the
-log-sum-exp the split combine needs) come with generate_stats.
+- `probe_fp8_attention`: cuDNN's FP8 flash attention (`sdpa_fp8`) against the served bf16 split-KV call. The step's
+  attention is ≈ 19 ms per chunk (240 calls of ≈ 70.6 µs + the combine), bf16 cuDNN at about 500 TFLOP/s, and
+  Hopper's FP8 tensor cores have twice the bf16 rate: is cuDNN's FP8 kernel faster at 757 queries × 16 heads over
+  5,788 slots (head_dim 128, the slots in P parts batched as today), does it run inside a CUDA graph, and what error
+  does its per-tensor FP8 scaling of Q, K, V, P and O add? On Hopper cuDNN writes O in FP8 (scale_o); stats (the
+  log-sum-exp the split combine needs) come with generate_stats.
+- `probe_cudnn_plans`: every plan cuDNN offers for the bf16 split-KV call, and each engine's knobs.
+- `probe_cudnn_gemm`: cuDNN's own FP8 GEMM engines (matmul + the row/column scales as epilogue) for QKV.
 
 Needs the `nvidia-cudnn-frontend` wheel (pyproject's `probes` extra, carried in .whl/ to the GPU machine); run by
-`STEPS=tune TUNE_PARTS=fp8_attn` (and `cudnn_plans` for `probe_cudnn_plans`).
+`STEPS=tune TUNE_PARTS=fp8_attn` (`cudnn_plans`, `cudnn_gemm`).
 """
 
 from __future__ import annotations
