@@ -158,10 +158,10 @@ def _bf16_graph(q, k, v, o, stats, scale: float, handle):
     return g, {tq: q, tk: k, tv: v, to: o, ts: stats}
 
 
-def _time_plans(g, pack, o, stats, ref, handle, out: dict, label: str) -> None:
-    """Time and check every built plan of cuDNN graph `g` (outputs o, stats; float32 reference `ref`) into out."""
+def _time_plans(g, pack, handle, out: dict, label: str, error) -> None:
+    """Run, check and time every built plan of cuDNN graph `g` (variant pack `pack`) into out[label + index]:
+    error() gives the relative error of the outputs the plan just wrote; µs per call in a CUDA graph."""
     import cudnn
-    from vivant.kernels.split_kv import combine_splits_ref
 
     for i in range(g.get_execution_plan_count()):
         name = f"{label}{i}"
@@ -175,12 +175,10 @@ def _time_plans(g, pack, o, stats, ref, handle, out: dict, label: str) -> None:
 
             run()
             torch.cuda.synchronize()
-            err = rel(combine_splits_ref(o.float(), stats[..., 0]), ref)
-            out[name] = {"plan": pname, "us": graph_us(run), "rel_err": err, "workspace": ws.numel()}
+            out[name] = {"plan": pname, "rel_err": error(), "us": graph_us(run), "workspace": ws.numel()}
         except Exception as e:
             out[name] = {"error": f"{type(e).__name__}: {e}"[:200]}
         print(f"  cudnn {name}: {out[name]}", flush=True)
-
 
 def probe_cudnn_plans(cfg, tp: int = 4, sweep_s: float = 110.0) -> dict:
     """Every execution plan cuDNN offers for the step's bf16 split-KV attention call (heuristic modes A, B and
@@ -188,7 +186,7 @@ def probe_cudnn_plans(cfg, tp: int = 4, sweep_s: float = 110.0) -> dict:
     call in a CUDA graph and the error against the float32 attention — whether a plan other than the one torch's
     op takes (its first heuristic choice) is faster at 757 queries × 16 heads over 5,788 slots."""
     import cudnn
-    from vivant.kernels.split_kv import _partial_sdpa
+    from vivant.kernels.split_kv import _partial_sdpa, combine_splits_ref
 
     n, h, d, slots = cfg.tokens_per_chunk, cfg.shard_heads(tp), cfg.head_dim, cfg.cache_slots
     bf = torch.bfloat16
@@ -204,6 +202,10 @@ def probe_cudnn_plans(cfg, tp: int = 4, sweep_s: float = 110.0) -> dict:
         o = torch.empty(p, h, n, d, dtype=bf, device=DEV)
         stats = torch.empty(p, h, n, 1, dtype=torch.float32, device=DEV)
         row = {"torch_op_us": graph_us(lambda qp=qp, kp=kp, vp=vp: _partial_sdpa(qp, kp, vp, scale)), "plans": {}}
+
+        def err(o=o, stats=stats):
+            return rel(combine_splits_ref(o.float(), stats[..., 0]), ref)
+
         g, pack = _bf16_graph(qp, kp, vp, o, stats, scale, handle)
         row["engines"] = {}
         for eid in range(g.get_engine_count()):
@@ -217,7 +219,7 @@ def probe_cudnn_plans(cfg, tp: int = 4, sweep_s: float = 110.0) -> dict:
         g.build_plans(cudnn.build_plan_policy.ALL)
 
         print(f"  cudnn p{p} engines and knobs: {row['engines']}", flush=True)
-        _time_plans(g, pack, o, stats, ref, handle, row["plans"], f"p{p} heur")
+        _time_plans(g, pack, handle, row["plans"], f"p{p} heur", err)
         # the first heuristic plan's engine ("eng9_k24=7": engine 9) is swept first
         first_engine = int(g.get_plan_name_at_index(0).split("_")[0][3:]) if g.get_execution_plan_count() else -1
         # each engine's knobs one at a time over their range (others at the engine's defaults), 4 parts only,
@@ -240,8 +242,7 @@ def probe_cudnn_plans(cfg, tp: int = 4, sweep_s: float = 110.0) -> dict:
                     except Exception as e:
                         row["plans"][f"e{eid}_{ktype}={val}"] = {"error": f"{type(e).__name__}: {e}"[:160]}
                         continue
-                    _time_plans(g2, pack2, o, stats, ref, handle, row["plans"],
-                                f"p{p} e{eid}_{ktype.split('.')[-1]}={val}_")
+                    _time_plans(g2, pack2, handle, row["plans"], f"p{p} e{eid}_{ktype.split('.')[-1]}={val}_", err)
         res[f"p{p}"] = row
     return res
 
@@ -293,23 +294,8 @@ def probe_cudnn_gemm(cfg, tp: int = 4, sweep_s: float = 200.0) -> dict:
     handle = cudnn.create_handle()
     a3, sa3, sw3 = a8.view(1, m, k), sa.view(1, m, 1), sw.view(1, 1, n)
 
-    def check(label, g, pack):
-        for i in range(g.get_execution_plan_count()):
-            name = f"{label}{i}"
-            try:
-                ws = torch.empty(max(1, g.get_workspace_size_plan_at_index(i)), dtype=torch.uint8, device=DEV)
-
-                def run(i=i, ws=ws):
-                    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
-                    g.execute_plan_at_index(pack, ws, i, handle=handle)
-
-                run()
-                torch.cuda.synchronize()
-                res["plans"][name] = {"plan": g.get_plan_name_at_index(i), "us": graph_us(run),
-                                      "rel_err": rel(out[0].float(), ref), "workspace": ws.numel()}
-            except Exception as e:
-                res["plans"][name] = {"error": f"{type(e).__name__}: {e}"[:200]}
-            print(f"  gemm {name}: {res['plans'][name]}", flush=True)
+    def err():
+        return rel(out[0].float(), ref)
 
     try:
         g, pack = _fp8_gemm_graph(a3, sa3, w8, sw3, out, handle)
@@ -325,7 +311,7 @@ def probe_cudnn_gemm(cfg, tp: int = 4, sweep_s: float = 200.0) -> dict:
         g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.B, cudnn.heur_mode.FALLBACK])
         g.check_support()
         g.build_plans(cudnn.build_plan_policy.ALL)
-        check("heur", g, pack)
+        _time_plans(g, pack, handle, res["plans"], "gemm heur", err)
     except Exception as e:
         res["error"] = f"{type(e).__name__}: {e}"[:400]
         print(f"  gemm graph: {res['error']}", flush=True)
@@ -347,5 +333,5 @@ def probe_cudnn_gemm(cfg, tp: int = 4, sweep_s: float = 200.0) -> dict:
                 except Exception as e:
                     res["plans"][f"e{eid}_{ktype}={val}"] = {"error": f"{type(e).__name__}: {e}"[:160]}
                     continue
-                check(f"e{eid}_{ktype.split('.')[-1]}={val}_", g2, pack2)
+                _time_plans(g2, pack2, handle, res["plans"], f"gemm e{eid}_{ktype.split('.')[-1]}={val}_", err)
     return res

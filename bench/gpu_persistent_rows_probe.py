@@ -41,6 +41,17 @@ if triton is not None:
         return tl.where(amax != amax, amax, tl.maximum(amax, 1e-8) / 448.0)
 
     @triton.jit
+    def _store_row_fp8(v, q_ptr, s_ptr, r, cols, cm, W, HW_CAST: tl.constexpr):
+        """Row r's float32 values v [BLOCK_K] → FP8 codes at q_ptr + r·W and the row's scale at s_ptr + r."""
+        s = _scale(tl.where(cm, tl.abs(v), 0.0))
+        if HW_CAST:
+            q = (v * (1.0 / s)).to(tl.float8e4nv)
+        else:
+            q = e4m3_grid_tl(v / s).to(tl.float8e4nv)
+        tl.store(q_ptr + r * W + cols, q, mask=cm)
+        tl.store(s_ptr + r, s)
+
+    @triton.jit
     def _res_row(x, y, g, sh_ptr, sc_ptr, xo_ptr, q_ptr, s_ptr, r, cols, cm, K, eps, HW_CAST: tl.constexpr):
         """One row: x + g·y stored (x's dtype), LayerNorm, modulation, FP8 codes and the row's scale stored."""
         xn = (x.to(tl.float32) + g * y.to(tl.float32)).to(xo_ptr.dtype.element_ty)
@@ -51,14 +62,7 @@ if triton is not None:
         rstd = 1.0 / tl.sqrt(var + eps)
         sh = tl.load(sh_ptr + cols, mask=cm, other=0.0).to(tl.float32)
         sc = tl.load(sc_ptr + cols, mask=cm, other=0.0).to(tl.float32)
-        h = (xf - mean) * rstd * (1.0 + sc) + sh
-        s = _scale(tl.where(cm, tl.abs(h), 0.0))
-        if HW_CAST:
-            q = (h * (1.0 / s)).to(tl.float8e4nv)
-        else:
-            q = e4m3_grid_tl(h / s).to(tl.float8e4nv)
-        tl.store(q_ptr + r * K + cols, q, mask=cm)
-        tl.store(s_ptr + r, s)
+        _store_row_fp8((xf - mean) * rstd * (1.0 + sc) + sh, q_ptr, s_ptr, r, cols, cm, K, HW_CAST)
 
     @triton.jit
     def _res_ln_persist(x_ptr, y_ptr, g_ptr, sh_ptr, sc_ptr, xo_ptr, q_ptr, s_ptr, M, K, eps,
@@ -87,14 +91,7 @@ if triton is not None:
     @triton.jit
     def _swiglu_row(ga, u, q_ptr, s_ptr, r, cols, cm, F, HW_CAST: tl.constexpr):
         gf = ga.to(tl.float32)
-        yv = gf / (1.0 + tl.exp(-gf)) * u.to(tl.float32)
-        s = _scale(tl.where(cm, tl.abs(yv), 0.0))
-        if HW_CAST:
-            q = (yv * (1.0 / s)).to(tl.float8e4nv)
-        else:
-            q = e4m3_grid_tl(yv / s).to(tl.float8e4nv)
-        tl.store(q_ptr + r * F + cols, q, mask=cm)
-        tl.store(s_ptr + r, s)
+        _store_row_fp8(gf / (1.0 + tl.exp(-gf)) * u.to(tl.float32), q_ptr, s_ptr, r, cols, cm, F, HW_CAST)
 
     @triton.jit
     def _swiglu_persist(gu_ptr, q_ptr, s_ptr, M, F, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
