@@ -17,6 +17,7 @@ Needs the `nvidia-cudnn-frontend` wheel (pyproject's `probes` extra, carried in 
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import torch
 from vivant.bench.gpu_probes import rel
@@ -180,6 +181,29 @@ def _time_plans(g, pack, handle, out: dict, label: str, error) -> None:
             out[name] = {"error": f"{type(e).__name__}: {e}"[:200]}
         print(f"  cudnn {name}: {out[name]}", flush=True)
 
+def _sweep_knobs(engines, build, handle, out: dict, label: str, error, t_end: float) -> None:
+    """For each (engine id, [(knob type, min, max, stride)]) in `engines` (in that order), each knob alone over its
+    range (kernel configurations before split-K), until time.time() passes t_end: a fresh graph from build(), one
+    plan of that engine with that knob value, run, checked and timed by `_time_plans` into out."""
+    import cudnn
+
+    for eid, knobs in engines:
+        for ktype, lo, hi, stride in sorted(knobs, key=lambda kn: "SPLIT_K" in kn[0]):
+            name = ktype.split(".")[-1]
+            for val in range(lo, hi + 1, max(1, stride)):
+                if time.time() > t_end:
+                    return
+                try:
+                    g, pack = build()
+                    g.create_execution_plan(eid, {getattr(cudnn.knob_type, name): val})
+                    g.check_support()
+                    g.build_plans(cudnn.build_plan_policy.ALL)
+                except Exception as e:
+                    out[f"{label}e{eid}_{name}={val}"] = {"error": f"{type(e).__name__}: {e}"[:160]}
+                    continue
+                _time_plans(g, pack, handle, out, f"{label}e{eid}_{name}={val}_", error)
+
+
 def probe_cudnn_plans(cfg, tp: int = 4, sweep_s: float = 110.0) -> dict:
     """Every execution plan cuDNN offers for the step's bf16 split-KV attention call (heuristic modes A, B and
     fallback, all plans built), and each engine's knobs swept one at a time from its first heuristic plan: µs per
@@ -223,26 +247,12 @@ def probe_cudnn_plans(cfg, tp: int = 4, sweep_s: float = 110.0) -> dict:
         # the first heuristic plan's engine ("eng9_k24=7": engine 9) is swept first
         first_engine = int(g.get_plan_name_at_index(0).split("_")[0][3:]) if g.get_execution_plan_count() else -1
         # each engine's knobs one at a time over their range (others at the engine's defaults), 4 parts only,
-        # within a time budget (cuDNN compiles its generated kernels at plan build)
-        t_end = time.time() + sweep_s
-        for eid, knobs in sorted(row["engines"].items(), key=lambda kv: kv[0] != first_engine):
-            if not isinstance(knobs, list) or p != 4:
-                continue
-            for ktype, lo, hi, stride in knobs:
-                vals = list(range(lo, hi + 1, max(1, stride)))
-                for val in vals:
-                    if time.time() > t_end:
-                        break
-                    kt = getattr(cudnn.knob_type, ktype.split(".")[-1])
-                    try:
-                        g2, pack2 = _bf16_graph(qp, kp, vp, o, stats, scale, handle)
-                        g2.create_execution_plan(eid, {kt: val})
-                        g2.check_support()
-                        g2.build_plans(cudnn.build_plan_policy.ALL)
-                    except Exception as e:
-                        row["plans"][f"e{eid}_{ktype}={val}"] = {"error": f"{type(e).__name__}: {e}"[:160]}
-                        continue
-                    _time_plans(g2, pack2, handle, row["plans"], f"p{p} e{eid}_{ktype.split('.')[-1]}={val}_", err)
+        # within a time budget (cuDNN compiles its generated kernels at plan build); the first plan's engine first
+        if p == 4:
+            engines = sorted(((e, k) for e, k in row["engines"].items() if isinstance(k, list)),
+                             key=lambda ek: ek[0] != first_engine)
+            _sweep_knobs(engines, partial(_bf16_graph, qp, kp, vp, o, stats, scale, handle), handle, row["plans"],
+                         f"p{p} ", err, time.time() + sweep_s)
         res[f"p{p}"] = row
     return res
 
@@ -316,22 +326,9 @@ def probe_cudnn_gemm(cfg, tp: int = 4, sweep_s: float = 200.0) -> dict:
         res["error"] = f"{type(e).__name__}: {e}"[:400]
         print(f"  gemm graph: {res['error']}", flush=True)
         return res
-    t_end = time.time() + sweep_s
     # the engine with the most kernel configurations first (the split-K knob, swept on engines 4 and 7, only slowed
-    # them down), kernel configurations before split-K
+    # them down)
     order = sorted(engines.items(), key=lambda kv: -max((hi - lo for _, lo, hi, _ in kv[1]), default=0))
-    for eid, knobs in order:
-        for ktype, lo, hi, stride in sorted(knobs, key=lambda kn: "SPLIT_K" in kn[0]):
-            for val in range(lo, hi + 1, max(1, stride)):
-                if time.time() > t_end:
-                    break
-                try:
-                    g2, pack2 = _fp8_gemm_graph(a3, sa3, w8, sw3, out, handle)
-                    g2.create_execution_plan(eid, {getattr(cudnn.knob_type, ktype.split(".")[-1]): val})
-                    g2.check_support()
-                    g2.build_plans(cudnn.build_plan_policy.ALL)
-                except Exception as e:
-                    res["plans"][f"e{eid}_{ktype}={val}"] = {"error": f"{type(e).__name__}: {e}"[:160]}
-                    continue
-                _time_plans(g2, pack2, handle, res["plans"], f"gemm e{eid}_{ktype.split('.')[-1]}={val}_", err)
+    _sweep_knobs(order, partial(_fp8_gemm_graph, a3, sa3, w8, sw3, out, handle), handle, res["plans"], "gemm ", err,
+                 time.time() + sweep_s)
     return res
