@@ -80,11 +80,19 @@ class Child:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def stop(self, timeout: float = 20.0) -> int | None:
+    def stop(self, timeout: float = 20.0, term_again_after: float | None = None) -> int | None:
+        """SIGTERM; with `term_again_after`, a second SIGTERM once that many seconds passed (livekit-agents drains
+        its running jobs on the first signal, up to its drain timeout, and exits at once on the second); SIGKILL
+        after `timeout`."""
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
-                self.proc.wait(timeout)
+                if term_again_after is not None and term_again_after < timeout:
+                    try:
+                        self.proc.wait(term_again_after)
+                    except subprocess.TimeoutExpired:
+                        os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout if term_again_after is None else max(timeout - term_again_after, 1.0))
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
@@ -202,7 +210,8 @@ class LocalCall:
     def stop(self) -> None:
         for name in ("agent", "worker", "api", "redis"):
             if name in self.children:
-                self.children[name].stop()
+                # the agent drains a job still in a room (e.g. one whose server restarted) for up to an hour
+                self.children[name].stop(term_again_after=3.0 if name == "agent" else None)
         if self.livekit is not None:
             self.livekit.down()
 
