@@ -308,7 +308,8 @@ cost on `ref` would have to be measured before it could be served. More parts
 pr = load("tune_57b_tp4_rank0_h200_2026-12-02_persistent-rows.json")["persistent_rows"]
 cp = load("tune_57b_tp4_rank0_h200_2026-12-02_cudnn-plans.json")["cudnn_plans"]
 cg = load("tune_57b_tp4_rank0_h200_2026-12-02_cudnn-gemm.json")["cudnn_gemm"]
-ht = load("step_57b_tp4_rank0_h200_2026-12-02_host-trims.json")
+ht = load("step_57b_tp4_rank0_h200_2026-12-02_host-trims-lease-a.json")
+ht_b = load("step_57b_tp4_rank0_h200_2026-12-02_host-trims-lease-b.json")
 ht_c = load("step_57b_tp4_rank0_h200_2026-12-02_row-kernels-lease-c.json")
 
 
@@ -332,6 +333,11 @@ cp_other = min((v for v in cp_ok if v["plan"] != cp_best["plan"]), key=lambda v:
 cg_ok, cg_wrong, cg_best = _plan_stats(cg["plans"])
 ht_gap = lambda d: next(g["us"] for g in d["optimized_profile"]["gaps"]["largest"]  # noqa: E731
                         if g["after"].startswith("Memcpy DtoH"))
+ht_rows = "\n".join(
+    f"| {name} | {d['optimized_ms']:.1f} | {d['optimized_p99_ms']:.1f} | "
+    + " | ".join(f"{d['optimized_profile']['ms_per_chunk_by_category'][k]:.1f}" for k in ("gemms", "attention", "fused_kernels"))
+    + f" | {d['optimized_profile']['gaps']['over_20us_ms_per_chunk']:.2f} | {ht_gap(d):.0f} |"
+    for name, d in (("C (last stop, before the host changes)", ht_c), ("A", ht), ("B", ht_b)))
 probe_section = f"""## What cuDNN and persistent row kernels offer (2026-12-02, probes; none served)
 
 Three more candidates for the step, each measured against what the engine runs, in one process per call
@@ -356,12 +362,16 @@ STEPS=tune TUNE_PARTS=persist,cudnn_plans,cudnn_gemm bash bench/run_gpu.sh $OUT
   epilogue, {len(cg['plans'])} plans and knob values tried, {len(cg_ok)} correct): the fastest, {cg_best['plan']}, takes {cg_best['us']:.1f} µs against
   cuBLASLt's {cg['cublas_us']:.1f} µs in the same process. cuBLASLt stays.
 
-**The step on this session's final code** (call 20, `step_57b_tp4_rank0_h200_2026-12-02_host-trims.json`, same command as
-lease C above; GPU tests 62 of 62 in the same call): median **{ht['optimized_ms']:.1f} ms**, p99 {ht['optimized_p99_ms']:.1f}; GEMMs
-{ht['optimized_profile']['ms_per_chunk_by_category']['gemms']:.1f}, attention {ht['optimized_profile']['ms_per_chunk_by_category']['attention']:.1f}, row kernels {ht['optimized_profile']['ms_per_chunk_by_category']['fused_kernels']:.1f} ms per chunk (lease C: {ht_c['optimized_profile']['ms_per_chunk_by_category']['gemms']:.1f} / {ht_c['optimized_profile']['ms_per_chunk_by_category']['attention']:.1f} / {ht_c['optimized_profile']['ms_per_chunk_by_category']['fused_kernels']:.1f}: the same
-GEMM kernels took longer on this lease). Across the two leases, with the host changes between them (the undo log's
-save reuses its word views; a numpy finite check of the audio), the device's idle time in gaps over 20 µs went from {ht_c['optimized_profile']['gaps']['over_20us_ms_per_chunk']:.2f} to {ht['optimized_profile']['gaps']['over_20us_ms_per_chunk']:.2f} ms per chunk,
-and the chunk boundary's gap from {ht_gap(ht_c):.0f} to {ht_gap(ht):.0f} µs. **The 100 ms goal is still not met.**
+**The step on this session's final code** (calls 20 and 22, two leases, `step_57b_tp4_rank0_h200_2026-12-02_host-trims-lease-{{a,b}}.json`,
+the command of lease C above; GPU tests 62 of 62 in call 20):
+
+| lease | median ms | p99 | GEMMs | attention | row kernels | device idle in gaps > 20 µs | chunk-boundary gap µs |
+|---|---:|---:|---:|---:|---:|---:|---:|
+{ht_rows}
+
+The host changes between lease C and these (the undo log's save reuses its word views; a numpy finite check of the
+audio) cut host time on the CPU twin, but on the H200 the idle time at the chunk boundary moved with the lease (lease A
+lower, lease B as before): no gain is shown on the device. **The 100 ms goal is still not met.**
 
 """
 
