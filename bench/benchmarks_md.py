@@ -331,8 +331,13 @@ def _plan_stats(plans):
 cp_ok, cp_wrong, cp_best = _plan_stats(cp["p4"]["plans"])
 cp_other = min((v for v in cp_ok if v["plan"] != cp_best["plan"]), key=lambda v: v["us"])
 cg_ok, cg_wrong, cg_best = _plan_stats(cg["plans"])
-ht_gap = lambda d: next(g["us"] for g in d["optimized_profile"]["gaps"]["largest"]  # noqa: E731
-                        if g["after"].startswith("Memcpy DtoH"))
+
+
+def ht_gap(d) -> float:
+    """The chunk boundary's device idle (µs): the gap after the finite flag's device-to-host copy."""
+    return next(g["us"] for g in d["optimized_profile"]["gaps"]["largest"] if g["after"].startswith("Memcpy DtoH"))
+
+
 ht_rows = "\n".join(
     f"| {name} | {d['optimized_ms']:.1f} | {d['optimized_p99_ms']:.1f} | "
     + " | ".join(f"{d['optimized_profile']['ms_per_chunk_by_category'][k]:.1f}" for k in ("gemms", "attention", "fused_kernels"))
@@ -341,7 +346,7 @@ ht_rows = "\n".join(
 probe_section = f"""## What cuDNN and persistent row kernels offer (2026-12-02, probes; none served)
 
 Three more candidates for the step, each measured against what the engine runs, in one process per call
-(`bench/results/gpu_run_log_2026-12-02_cudnn-probes.txt`, calls 16–20):
+(`bench/results/gpu_run_log_2026-12-02_cudnn-probes.txt`, calls 16–22):
 
 ```
 STEPS=tune TUNE_PARTS=persist,cudnn_plans,cudnn_gemm bash bench/run_gpu.sh $OUT

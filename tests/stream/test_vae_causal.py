@@ -14,6 +14,7 @@ from vivant.worker.stream.vae import (
     VAEConfig,
     VAEDecoder,
     build_vae_decoder,
+    conv_frames,
     load_vae_decoder,
     save_vae_decoder,
 )
@@ -74,6 +75,20 @@ def test_decoder_is_causal_and_sessions_are_independent(small):
         out_b.append(tiny(b[:, :, n:n + 1], cb))
     assert (torch.cat(out_a, 2) - ya).abs().max() < 1e-4
     assert (torch.cat(out_b, 2) - tiny(b)).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("kt", [1, 2, 3])
+def test_cpu_conv_over_frames_equals_the_conv3d(kt):
+    """The decoder's CPU form of its (kt, 3, 3) convolutions (one conv2d over frames, taps stacked on channels) is
+    the conv3d up to float32 summation order, for the spatial-only (kt = 1) and the causal (kt > 1) layers."""
+    torch.manual_seed(kt)
+    conv = torch.nn.Conv3d(5, 7, kernel_size=(kt, 3, 3), padding=(0, 1, 1))
+    x = torch.randn(2, 5, 6, 9, 11)
+    with torch.no_grad():
+        got, want = conv_frames(conv, x), conv(x)
+    assert got.shape == want.shape == (2, 7, 7 - kt, 9, 11)
+    err = float((got - want).abs().max())
+    assert err < 1e-5, f"kt={kt}: max abs difference {err:.2e} from conv3d"
 
 
 def test_presets_match_the_model_presets_and_57b_decodes_to_704x1088():
