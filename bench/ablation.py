@@ -40,12 +40,15 @@ from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.engine import Engine
 from vivant.worker.model.fast_parts import auto_kv_splits, install_parts
 from vivant.worker.model.generator import ChunkGenerator
-from vivant.worker.model.options import CacheMode, CachePolicy, EngineOptions, GemmPrecision
+from vivant.worker.model.options import CacheMode, CachePolicy, EngineOptions, GemmAlgorithms, GemmPrecision
 
-ROWS = ("baseline", "optimized", "whole_window", "bf16_gemm", "unfused_norm", "no_cuda_graphs", "no_split_kv")
+ROWS = ("baseline", "optimized", "whole_window", "bf16_gemm", "heuristic_gemm", "unfused_norm", "no_cuda_graphs",
+        "no_split_kv")
 UNDONE = {"baseline": "everything: eager float parts, per-call whole-cache work", "optimized": "nothing",
           "whole_window": "the ring (whole-window re-rotation + re-quantization per call)",
-          "bf16_gemm": "FP8 GEMMs (bf16 GEMMs)", "unfused_norm": "the fused norm/modulation/quantization kernels",
+          "bf16_gemm": "FP8 GEMMs (bf16 GEMMs)",
+          "heuristic_gemm": "the tuned cuBLASLt algorithms (each GEMM takes the heuristic's first answer)",
+          "unfused_norm": "the fused norm/modulation/quantization kernels",
           "no_cuda_graphs": "CUDA graphs", "no_split_kv": "split-KV attention (kv_splits = 1)"}
 
 
@@ -65,6 +68,7 @@ def variant_options(optimized: EngineOptions) -> dict[str, EngineOptions | None]
     return {"baseline": None, "optimized": optimized,
             "whole_window": optimized.replace(cache_policy=CachePolicy.WHOLE_WINDOW),
             "bf16_gemm": optimized.replace(gemm=GemmPrecision.BF16),
+            "heuristic_gemm": optimized.replace(gemm_algorithms=GemmAlgorithms.HEURISTIC),
             "unfused_norm": optimized.replace(fused_norm=False),
             "no_cuda_graphs": optimized.replace(cuda_graphs=False),
             "no_split_kv": optimized.replace(kv_splits=1)}
@@ -75,7 +79,7 @@ def _options_json(o: EngineOptions | None) -> dict | None:
         return None
     return {"attention": o.attention.value, "kv_splits": o.kv_splits, "fast_accum": o.fast_accum,
             "cuda_graphs": o.cuda_graphs, "ring": o.ring.value, "gemm": o.gemm.value, "fused_norm": o.fused_norm,
-            "cache_policy": o.cache_policy.value}
+            "cache_policy": o.cache_policy.value, "gemm_algorithms": o.gemm_algorithms.value}
 
 
 def _free(device: torch.device) -> None:

@@ -36,7 +36,7 @@ from vivant.kernels.ring_attention import ring_attention
 from vivant.kernels.split_kv import split_kv_attention_fp8
 from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.engine import Engine
-from vivant.worker.model.fast_parts import auto_kv_splits
+from vivant.worker.model.fast_parts import auto_kv_splits, gemm_plan_report
 from vivant.worker.model.generator import ChunkGenerator
 from vivant.worker.model.model import VideoDiT
 from vivant.worker.model.options import AttentionBackend, CacheMode, EngineOptions, GemmPrecision
@@ -410,12 +410,16 @@ def run(args) -> int:
     options = EngineOptions(fp8=True, attention=args.attn_backend, kv_splits=splits, fast_accum=args.fast_accum,
                             cuda_graphs=not args.no_graphs,
                             ring=getattr(args, "ring", None) or EngineOptions.served("cuda").ring,
-                            o_gemm=getattr(args, "o_gemm", None) or EngineOptions.served("cuda").o_gemm)
+                            o_gemm=getattr(args, "o_gemm", None) or EngineOptions.served("cuda").o_gemm,
+                            gemm_algorithms=getattr(args, "gemm_algorithms", None)
+                            or EngineOptions.served("cuda").gemm_algorithms)
     result["ring"] = options.ring.value
     result["o_gemm"] = options.o_gemm.value
+    result["gemm_algorithms"] = options.gemm_algorithms.value
     memory.mark("before_fp8_weights")
     fast = Engine.build(model, options, inplace=not keep_bf16)  # keep_bf16: the float model stays the baseline
     memory.mark("after_fp8_weights")
+    result["gemm_plans"] = gemm_plan_report(fast.model)
     result["weights_gb"] = torch.cuda.memory_allocated() / 1e9
     memory.mark("before_cache")
     opt = ChunkGenerator(cfg, mode=CacheMode.OPTIMIZED, device="cuda", dtype=torch.bfloat16, engine=fast,

@@ -1,6 +1,6 @@
 """Where the optimized 57b chunk step spends its time, and which variants make it faster (one GPU call).
 
-python bench/gpu_tune.py --out OUT/tune.json [--parts kernels,small,split,launch,rows,gemm_split,step,timeline,numerics]
+python bench/gpu_tune.py --out OUT/tune.json [--parts kernels,small,split,launch,rows,gemm_split,cublaslt,step,timeline,numerics]
 
 1. Kernel sweeps at the TP=4 rank-0 shapes (757 tokens), each variant checked against its float32 twin on
    fresh random inputs, then timed inside a CUDA graph (20 launches per graph, median of 30 replays — the
@@ -456,6 +456,7 @@ def main() -> None:
         section("attention", lambda: sweep_attention(cfg), res)
         section("gemms", lambda: sweep_gemms(cfg), res)
         save()
+    from vivant.bench import gpu_cublaslt_probe as cublaslt_probe
     from vivant.bench import gpu_cudnn_probe as cudnn_probe
     from vivant.bench import gpu_gemm_probe as gemm_probe
     from vivant.bench import gpu_persistent_rows_probe as prp
@@ -470,7 +471,8 @@ def main() -> None:
                               ("streamk", "streamk", gemm_probe.probe_streamk),
                               ("fp8_attn", "fp8_attention", cudnn_probe.probe_fp8_attention),
                               ("cudnn_plans", "cudnn_plans", cudnn_probe.probe_cudnn_plans),
-                              ("cudnn_gemm", "cudnn_gemm", cudnn_probe.probe_cudnn_gemm)):
+                              ("cudnn_gemm", "cudnn_gemm", cudnn_probe.probe_cudnn_gemm),
+                              ("cublaslt", "cublaslt_algorithms", cublaslt_probe.probe_cublaslt)):
         if part in parts:
             section(name, lambda probe=probe: probe(cfg), res)
             save()

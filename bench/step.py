@@ -62,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "default: the served engine's")
     p.add_argument("--o-gemm", default=None, choices=["fp8", "bf16"],
                    help="GPU: the O projection's GEMM (EngineOptions.o_gemm); default: the served engine's")
+    p.add_argument("--gemm-algorithms", default=None, choices=["heuristic", "tuned"],
+                   help="GPU: the FP8 GEMMs' cuBLASLt algorithms (EngineOptions.gemm_algorithms); default: the served "
+                        "engine's")
     p.add_argument("--compare-o-gemm", action="store_true",
                    help="GPU, TP > 1: also time the engine with the other O GEMM precision in the same process "
                         "(timed A, B, A again), JSON key o_gemm_compare")

@@ -48,13 +48,21 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from vivant.kernels.cublaslt import GemmPlan, tune
 from vivant.kernels.fp8_gemm import fp8_linear, quantize_weight
 from vivant.kernels.fused_quant import ln_mod_quant, quant_rows, residual_ln_mod_quant, swiglu_quant
 from vivant.kernels.qk_norm_rope import qk_norm_rope
 from vivant.kernels.ring_attention import ring_attention
 from vivant.kernels.split_kv import split_kv_attention_fp8, split_kv_sdpa
 from vivant.worker.model.fused_tp import FusedMethod, fp8_matmul_all_reduce
-from vivant.worker.model.options import AttentionBackend, CacheMode, CachePolicy, EngineOptions, GemmPrecision
+from vivant.worker.model.options import (
+    AttentionBackend,
+    CacheMode,
+    CachePolicy,
+    EngineOptions,
+    GemmAlgorithms,
+    GemmPrecision,
+)
 
 if TYPE_CHECKING:
     from vivant.worker.model.kv_cache import KVCache
@@ -90,12 +98,16 @@ class Fp8Linear(nn.Module):
     `Rows8` and returns bf16 [M, N]. The weights are plain attributes, not buffers, so `module.to(dtype)` never
     casts them."""
 
-    def __init__(self, w8: torch.Tensor, sw: torch.Tensor, *, fast_accum: bool = False) -> None:
+    def __init__(self, w8: torch.Tensor, sw: torch.Tensor, *, fast_accum: bool = False,
+                 plan: GemmPlan | None = None) -> None:
         super().__init__()
         if w8.dtype != torch.float8_e4m3fn or sw.shape != (w8.shape[0],):
             raise ValueError(f"Fp8Linear: expected float8_e4m3fn weights [N, K] and scales [N], got {w8.dtype} "
                              f"{tuple(w8.shape)} / {tuple(sw.shape)}")
-        self.w8, self.sw, self.fast_accum = w8, sw, fast_accum
+        if plan is not None and (plan.gemm.n, plan.gemm.k, plan.gemm.fast_accum) != (*w8.shape, fast_accum):
+            raise ValueError(f"Fp8Linear: a GEMM plan for n={plan.gemm.n}, k={plan.gemm.k}, fast_accum="
+                             f"{plan.gemm.fast_accum} does not fit weights {tuple(w8.shape)}, fast_accum={fast_accum}")
+        self.w8, self.sw, self.fast_accum, self.plan = w8, sw, fast_accum, plan
         self.out_features, self.in_features = w8.shape
 
     @classmethod
@@ -108,14 +120,22 @@ class Fp8Linear(nn.Module):
         """The same FP8 weights with this fast-accumulation setting (a rank built already quantized)."""
         return Fp8Linear(self.w8, self.sw, fast_accum=fast_accum)
 
+    def with_plan(self, plan: GemmPlan | None) -> Fp8Linear:
+        """The same weights, run with `plan`'s cuBLASLt algorithm at its row count (None: the heuristic's)."""
+        return Fp8Linear(self.w8, self.sw, fast_accum=self.fast_accum, plan=plan)
+
     def forward(self, a: Rows8) -> torch.Tensor:
+        if self.plan is not None and a.q.shape[0] == self.plan.rows:
+            return self.plan(a.q, a.scale, self.w8, self.sw)
         return fp8_linear(a.q, a.scale, self.w8, self.sw, fast_accum=self.fast_accum)
 
     def matmul_all_reduce(self, a: Rows8, group: dist.ProcessGroup, method: FusedMethod, chunks: int) -> torch.Tensor:
         return fp8_matmul_all_reduce(a.q, a.scale, self.w8, self.sw, group, method, chunks, fast_accum=self.fast_accum)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, fast_accum={self.fast_accum}"
+        algo = "heuristic" if self.plan is None else f"tuned at {self.plan.rows} rows: {self.plan.algo.describe()}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, fast_accum={self.fast_accum}, "
+                f"algorithm={algo}")
 
 
 class Fp8ResidualNormMod:
@@ -337,4 +357,44 @@ def install_parts(model: VideoDiT, options: EngineOptions, *, inplace: bool = Fa
             a.o = a.o.as_fp8(fast_accum=fa) if o_fp8 else a.o
             p.gate_up, p.down = p.gate_up.as_fp8(fast_accum=fa), p.down.as_fp8(fast_accum=fa)
         a.core, p.act = attention, act
+    if fp8 and options.gemm_algorithms is GemmAlgorithms.TUNED and m.patch_embed.weight.device.type == "cuda":
+        tune_gemms(m, rows=m.cfg.tokens_per_chunk)
     return m
+
+
+_ROLES = (("attn", "qkv"), ("attn", "o"), ("mlp", "gate_up"), ("mlp", "down"))
+
+
+def tune_gemms(model: VideoDiT, rows: int, layers: int = 6) -> dict[tuple[int, int], GemmPlan | None]:
+    """Give every FP8 projection of `model` the cuBLASLt algorithm `kernels.cublaslt.tune` finds fastest for its
+    shape at `rows` rows (timed with the weights of up to `layers` blocks), swapping each `Fp8Linear` for one built
+    with that plan. Returns the plans by (n, k); None where the heuristic's first answer stays."""
+    linears: dict[tuple[int, int, bool], list[Fp8Linear]] = {}
+    for blk in model.blocks:
+        for owner, role in _ROLES:
+            lin = getattr(getattr(blk, owner), role)
+            if isinstance(lin, Fp8Linear):
+                linears.setdefault((*lin.w8.shape, lin.fast_accum), []).append(lin)
+    plans = {key: tune(rows, [(lin.w8, lin.sw) for lin in group[:layers]], fast_accum=key[2])
+             for key, group in linears.items()}
+    for blk in model.blocks:
+        for owner, role in _ROLES:
+            parent = getattr(blk, owner)
+            lin = getattr(parent, role)
+            if isinstance(lin, Fp8Linear):
+                setattr(parent, role, lin.with_plan(plans[(*lin.w8.shape, lin.fast_accum)]))
+    return {key[:2]: plan for key, plan in plans.items()}
+
+
+def gemm_plan_report(model: VideoDiT) -> dict[str, dict]:
+    """Per projection of the first block: its shape and the algorithm it runs (for benchmark JSON and logs)."""
+    out = {}
+    for owner, role in _ROLES:
+        lin = getattr(getattr(model.blocks[0], owner), role)
+        if isinstance(lin, Fp8Linear):
+            plan = lin.plan
+            out[role] = {"n": lin.out_features, "k": lin.in_features, "algorithm": "heuristic" if plan is None else
+                         plan.algo.describe(), **({} if plan is None else {
+                             "rows": plan.rows, "tuned_us": round(plan.chosen_us, 2),
+                             "heuristic_us": round(plan.heuristic_us, 2)})}
+    return out

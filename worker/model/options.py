@@ -29,6 +29,9 @@ Names (StrEnum, so they compare equal to the strings the CLI, Redis and Promethe
                    whole_window (what streaming peers do: the window kept un-rotated in bf16, every attention call
                    re-rotates every key to its current position and, for an FP8 ring, re-quantizes the whole
                    window to FP8, worker/model/whole_window.py; the ablation's row)
+  GemmAlgorithms   which cuBLASLt algorithm each FP8 GEMM shape runs: heuristic (cuBLASLt's first answer, what
+                   torch._scaled_mm takes) | tuned (the fastest configuration cuBLASLt accepts for the chunk's row
+                   count, timed when the engine is built on this GPU; kernels/cublaslt.py)
   RowParallelPath  `vivant_worker_kernel_path_info{path}`: the O/down step in effect — fused_gemm_all_reduce,
                    gemm_then_all_reduce, or no_tp (nothing to fuse: TP = 1 or the one-GPU stand-in reduce)
 """
@@ -68,6 +71,11 @@ class RingFormat(StrEnum):
 class GemmPrecision(StrEnum):
     FP8 = "fp8"
     BF16 = "bf16"
+
+
+class GemmAlgorithms(StrEnum):
+    HEURISTIC = "heuristic"
+    TUNED = "tuned"
 
 
 class CachePolicy(StrEnum):
@@ -116,7 +124,12 @@ class EngineOptions:
                 torch ops, then `quant_rows` (fp8).
     cache_policy the fast parts' cache work (CachePolicy): the ring, or the whole window re-rotated per call and,
                 with ring = fp8, re-quantized to FP8 per call (it keeps its own window; the ring stays unwritten).
-    gemm, o_gemm, fused_norm and cache_policy choose among the fast parts (fp8=True); the float parts take the
+    gemm_algorithms  the FP8 GEMMs' cuBLASLt algorithms (GemmAlgorithms): tuned = for each shape at the chunk's row
+                count, the fastest configuration cuBLASLt accepts when it beats the heuristic's first answer by 3 %,
+                timed on this GPU when the parts are installed (CUDA only; a CPU runs the float32 twin). Why: the
+                heuristic gives every 57b GEMM a 128 × 128 tile, and the QKV GEMM's 288 tiles fill 2.18 waves of
+                132 SMs (docs/BENCHMARKS.md).
+    gemm, o_gemm, fused_norm, cache_policy and gemm_algorithms choose among the fast parts (fp8=True); the float parts take the
     defaults.
     """
 
@@ -130,6 +143,7 @@ class EngineOptions:
     o_gemm: GemmPrecision = GemmPrecision.FP8
     fused_norm: bool = True
     cache_policy: CachePolicy = CachePolicy.RING
+    gemm_algorithms: GemmAlgorithms = GemmAlgorithms.HEURISTIC
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attention", parse_choice(AttentionBackend, self.attention, "EngineOptions.attention"))
@@ -138,6 +152,8 @@ class EngineOptions:
         object.__setattr__(self, "o_gemm", parse_choice(GemmPrecision, self.o_gemm, "EngineOptions.o_gemm"))
         object.__setattr__(self, "cache_policy",
                            parse_choice(CachePolicy, self.cache_policy, "EngineOptions.cache_policy"))
+        object.__setattr__(self, "gemm_algorithms",
+                           parse_choice(GemmAlgorithms, self.gemm_algorithms, "EngineOptions.gemm_algorithms"))
         for name in ("fp8", "fast_accum", "cuda_graphs", "fused_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineOptions.{name} = {getattr(self, name)!r}; expected True or False")
@@ -156,7 +172,8 @@ class EngineOptions:
                 raise ValueError("EngineOptions.cuda_graphs = True needs fp8=True (the float parts are not "
                                  "graph-capturable: they build tensors from host values per call)")
             for name, default in (("gemm", GemmPrecision.FP8), ("o_gemm", GemmPrecision.FP8), ("fused_norm", True),
-                                  ("cache_policy", CachePolicy.RING)):
+                                  ("cache_policy", CachePolicy.RING),
+                                  ("gemm_algorithms", GemmAlgorithms.HEURISTIC)):
                 value = getattr(self, name)
                 if value != default:
                     shown = value.value if isinstance(value, StrEnum) else value
@@ -179,7 +196,8 @@ class EngineOptions:
         cuda = torch.device(device).type == "cuda"
         return cls(fp8=True, attention=AttentionBackend.IMAGE if cuda else AttentionBackend.TORCH,
                    kv_splits="auto" if cuda else 1, fast_accum=cuda, cuda_graphs=cuda,
-                   ring=RingFormat.BF16 if cuda else RingFormat.FP8)
+                   ring=RingFormat.BF16 if cuda else RingFormat.FP8,
+                   gemm_algorithms=GemmAlgorithms.TUNED if cuda else GemmAlgorithms.HEURISTIC)
 
     def replace(self, **changes: object) -> EngineOptions:
         return dataclasses.replace(self, **changes)
