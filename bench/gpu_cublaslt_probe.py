@@ -61,8 +61,8 @@ def _kernel_names(fn) -> list[str]:
 
 def probe_cublaslt(cfg, tp: int = 4, rounds: int = 3, copies: int = 6, workspace: int = 32 << 20,
                    finalists: int = 12, limit: int = 600) -> dict:
-    """Per GEMM: torch's time; every configuration cuBLASLt accepts (`Fp8Gemm.candidates` and
-    `Fp8Gemm.configurations`, at most `limit`) checked against the float32 product and timed once; the
+    """Per GEMM: torch's time; every variant tuning would time (`Fp8Gemm.variants`, from at most `limit`
+    configurations) and the heuristic's first answer, checked against the float32 product and timed once; the
     `finalists` fastest timed again in `rounds` rounds alternated with torch's call; kernel names of torch's call
     and of the three fastest."""
     prefer_static_gemm_schedule()
@@ -91,8 +91,8 @@ def _probe_shape(m: int, n: int, k: int, rounds: int, copies: int, workspace: in
     gemm = Fp8Gemm(m, n, k, fast_accum=True)
     outs = [torch.empty(m, n, dtype=torch.bfloat16, device=DEV) for _ in range(copies)]
     heuristic = gemm.candidates(count=1)
-    cands = {algo.raw: algo for algo in heuristic + gemm.candidates(workspace_bytes=workspace, count=8)
-             + gemm.configurations(workspace_bytes=workspace, limit=limit)}
+    cands = {(algo.raw, algo.workspace): algo for algo in heuristic + gemm.variants(workspace_bytes=workspace,
+                                                                                     limit=limit)}
 
     def torch_fn(i):
         return fp8_linear(a8, sa, ws[i][0], ws[i][1], fast_accum=True)
@@ -115,8 +115,8 @@ def _probe_shape(m: int, n: int, k: int, rounds: int, copies: int, workspace: in
         rows.append((algo, row))
     entry["correct"] = sum("first_us" in row for _, row in rows)
     first = sorted((p for p in rows if "first_us" in p[1]), key=lambda p: p[1]["first_us"])[:finalists]
-    if heuristic and all(algo.raw != heuristic[0].raw for algo, _ in first):
-        first += [p for p in rows if p[0].raw == heuristic[0].raw and "first_us" in p[1]]
+    if heuristic and heuristic[0] not in [algo for algo, _ in first]:
+        first += [p for p in rows if p[0] == heuristic[0] and "first_us" in p[1]]
     for _ in range(rounds):
         entry["torch_us"].append(_graph_us(torch_fn, copies))
         for algo, row in first:

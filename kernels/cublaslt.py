@@ -17,6 +17,7 @@ row of op(A)), B's scale is sa.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -228,6 +229,18 @@ class Fp8Gemm:
                         check(algo)
         return list(found.values())
 
+    def variants(self, *, workspace_bytes: int = 32 << 20, limit: int = 600) -> list[Algorithm]:
+        """What tuning times: every configuration (`configurations`) run with no workspace — cuBLASLt then gives it a
+        static tile schedule, with no memset of a tile counter before each call (seen on an H200: the same tiles,
+        "ssched" in the kernel's name, about 1 µs faster and one graph node fewer) — and, where its check asked for
+        more than a tile counter (1 KiB; split-K partials), with the workspace it asked for."""
+        out = []
+        for algo in self.configurations(workspace_bytes=workspace_bytes, limit=limit):
+            out.append(dataclasses.replace(algo, workspace=0))
+            if algo.workspace > 1024:
+                out.append(algo)
+        return list({(a.raw, a.workspace): a for a in out}.values())
+
     def __call__(self, a: torch.Tensor, sa: torch.Tensor, w: torch.Tensor, sw: torch.Tensor,
                  algo: Algorithm | None = None, out: torch.Tensor | None = None, c: torch.Tensor | None = None
                  ) -> torch.Tensor:
@@ -312,6 +325,18 @@ class GemmPlan:
     def rows(self) -> int:
         return self.gemm.m
 
+    def variants(self, *, workspace_bytes: int = 32 << 20, limit: int = 600) -> list[Algorithm]:
+        """What tuning times: every configuration (`configurations`) run with no workspace — cuBLASLt then gives it a
+        static tile schedule, with no memset of a tile counter before each call (seen on an H200: the same tiles,
+        "ssched" in the kernel's name, about 1 µs faster and one graph node fewer) — and, where its check asked for
+        more than a tile counter (1 KiB; split-K partials), with the workspace it asked for."""
+        out = []
+        for algo in self.configurations(workspace_bytes=workspace_bytes, limit=limit):
+            out.append(dataclasses.replace(algo, workspace=0))
+            if algo.workspace > 1024:
+                out.append(algo)
+        return list({(a.raw, a.workspace): a for a in out}.values())
+
     def __call__(self, a: torch.Tensor, sa: torch.Tensor, w: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
         return self.gemm(a, sa, w, sw, algo=self.algo)
 
@@ -347,8 +372,8 @@ def tune(m: int, weights: list[tuple[torch.Tensor, torch.Tensor]], *, fast_accum
          finalists: int = 4, rounds: int = 3, limit: int = 600) -> GemmPlan | None:
     """The fastest cuBLASLt configuration for an m-row FP8 GEMM with these weights (w fp8 [n, k], sw [n]; several
     layers' weights, cycled so none is served from L2 by the call before), or None when none beats the heuristic's
-    first answer (what torch._scaled_mm runs) by `margin`. Every configuration `Fp8Gemm.configurations` lists (at most
-    `limit`, 32 MiB of workspace at most) is timed once inside a CUDA graph; the `finalists` fastest are timed again
+    first answer (what torch._scaled_mm runs) by `margin`. Every variant `Fp8Gemm.variants` lists (from at most `limit`
+    configurations) is timed once inside a CUDA graph; the `finalists` fastest are timed again
     in `rounds` rounds alternated with the heuristic's. Cached per process by (device, m, n, k, fast_accum)."""
     w0 = weights[0][0]
     n, k = w0.shape
@@ -363,7 +388,7 @@ def tune(m: int, weights: list[tuple[torch.Tensor, torch.Tensor]], *, fast_accum
         return graph_us(lambda i: gemm(a, sa, *weights[i], algo=algo, out=outs[i]), len(weights), reps)
 
     screened = []
-    for algo in gemm.configurations(workspace_bytes=32 << 20, limit=limit):
+    for algo in gemm.variants(limit=limit):
         try:
             screened.append((timed(algo, 3), algo))
         except (CublasLtError, RuntimeError):  # a configuration cuBLASLt accepts but will not launch here

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from vivant.apis.feature_flags import FlagValues
+from vivant.kernels.rope import rope_angles
 from vivant.worker.model.audio_features import AudioFeaturizer
 from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.engine import Engine
@@ -49,6 +50,8 @@ class HostInputs:
     slots: torch.Tensor  # int64 [T]
     valid: torch.Tensor  # bool [S]
     noise: torch.Tensor  # float32 [C, latent_h, latent_w]: the chunk's starting latents (sigma = 1)
+    cos: torch.Tensor  # float32 [T, D/2]: the rotary angles of pos (kernels.rope.rope_angles), as cos and sin
+    sin: torch.Tensor
 
 
 @dataclass
@@ -195,6 +198,8 @@ class ChunkGenerator:
                 {"pos": pinned((c.tokens_per_chunk, 3), torch.int64), "slots": pinned(c.tokens_per_chunk, torch.int64),
                  "valid": pinned(self.layout.slots, torch.bool),
                  "noise": pinned((c.latent_channels, c.latent_h, c.latent_w), torch.float32),
+                 "cos": pinned((c.tokens_per_chunk, c.head_dim // 2), torch.float32),
+                 "sin": pinned((c.tokens_per_chunk, c.head_dim // 2), torch.float32),
                  "feats": pinned((c.audio_tokens, c.audio_feature_dim), torch.float32),
                  "finite": pinned((), torch.bool)} for _ in range(2)]
         return self._pinned_sets[n % 2]
@@ -205,8 +210,10 @@ class ChunkGenerator:
         if self.frame.needs_reset(n):
             return None
         cfg, pos_t = self.cfg, self.frame.t_of(n)
-        t = {"pos": chunk_positions(pos_t, cfg.grid_h, cfg.grid_w, cfg.audio_tokens),
-             "slots": self.layout.chunk_slots(n), "valid": self.layout.valid_mask(n), "noise": self._host_noise(n)}
+        pos = chunk_positions(pos_t, cfg.grid_h, cfg.grid_w, cfg.audio_tokens)
+        angles = rope_angles(pos, cfg.rope_dims, cfg.rope_theta)  # on the host: the chunk start only copies them
+        t = {"pos": pos, "slots": self.layout.chunk_slots(n), "valid": self.layout.valid_mask(n),
+             "noise": self._host_noise(n), "cos": angles.cos(), "sin": angles.sin()}
         stage = self._staging(n)
         if stage is not None:
             t = {k: stage[k].copy_(v) for k, v in t.items()}
@@ -236,7 +243,8 @@ class ChunkGenerator:
             inputs = self.host_inputs(n)
         pos = inputs.pos.to(dev, non_blocking=True)
         state = StepState(chunk=n, pos=pos, slots=inputs.slots, valid=inputs.valid,
-                          sink_pos=sink_positions(inputs.pos, cfg.sink_tokens).to(dev) if n == 0 and cfg.sink_tokens else None)
+                          sink_pos=sink_positions(inputs.pos, cfg.sink_tokens).to(dev) if n == 0 and cfg.sink_tokens else None,
+                          cos=inputs.cos, sin=inputs.sin)
         self.cache.begin_chunk(state)
         x = inputs.noise.to(dev, non_blocking=True)
         sigmas = list(cfg.sigmas) + [0.0]

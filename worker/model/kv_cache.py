@@ -55,6 +55,10 @@ class StepState:
     slots: torch.Tensor  # int64 [T]
     valid: torch.Tensor  # bool [S]
     sink_pos: torch.Tensor | None  # int64 [sink, 3] (only set while chunk 0 is generated)
+    # float32 [T, D/2]: rope_angles(pos) as cos and sin, when the caller computed them on the host ahead of the chunk
+    # (ChunkGenerator.host_inputs); None: begin_chunk computes them on the cache's device
+    cos: torch.Tensor | None = None
+    sin: torch.Tensor | None = None
 
 
 @dataclass
@@ -264,9 +268,13 @@ class KVCache:
         b = self.step
         # host tensors in pinned memory (ChunkGenerator.host_inputs) are copied without making the host wait
         pos = st.pos.to(self.device, non_blocking=True)
-        ang = rope_angles(pos, self.rope_dims, self.rope_theta)
-        b.cos.copy_(ang.cos())
-        b.sin.copy_(ang.sin())
+        if st.cos is not None and st.sin is not None:
+            b.cos.copy_(st.cos, non_blocking=True)
+            b.sin.copy_(st.sin, non_blocking=True)
+        else:
+            ang = rope_angles(pos, self.rope_dims, self.rope_theta)
+            b.cos.copy_(ang.cos())
+            b.sin.copy_(ang.sin())
         b.slots.copy_(st.slots, non_blocking=True)
         b.valid.copy_(st.valid, non_blocking=True)
         b.all_valid = bool(st.valid.all())  # the layout's mask is a host tensor
