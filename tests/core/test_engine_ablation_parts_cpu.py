@@ -20,10 +20,11 @@ from vivant.worker.model.fast_parts import (
     UnfusedFp8ResidualNormMod,
     UnfusedFp8SwiGLU,
     WholeWindowAttention,
+    install_parts,
 )
 from vivant.worker.model.generator import ChunkGenerator
 from vivant.worker.model.model import Linear, ResidualNormMod, SwiGLUAct, VideoDiT, init_random_
-from vivant.worker.model.options import CachePolicy, EngineOptions, GemmPrecision
+from vivant.worker.model.options import CachePolicy, EngineOptions, GemmAlgorithms, GemmPrecision
 from vivant.worker.model.whole_window import requantize_window_eager, rotate_window_eager
 
 FP8 = EngineOptions(fp8=True)
@@ -163,13 +164,15 @@ def test_compiled_forms_trace_as_one_graph():
     ("gemm", "fp16", "EngineOptions.gemm = 'fp16'; expected one of fp8, bf16"),
     ("cache_policy", "paged", "EngineOptions.cache_policy = 'paged'; expected one of ring, whole_window"),
     ("fused_norm", "yes", "EngineOptions.fused_norm = 'yes'; expected True or False"),
+    ("gemm_algorithms", "fastest", "EngineOptions.gemm_algorithms = 'fastest'; expected one of heuristic, tuned"),
 ])
 def test_bad_values_name_their_field(field, value, match):
     with pytest.raises(ValueError, match=match):
         FP8.replace(**{field: value})
 
 
-@pytest.mark.parametrize("change", [{"gemm": "bf16"}, {"fused_norm": False}, {"cache_policy": "whole_window"}])
+@pytest.mark.parametrize("change", [{"gemm": "bf16"}, {"fused_norm": False}, {"cache_policy": "whole_window"},
+                                    {"gemm_algorithms": "tuned"}])
 def test_choices_of_the_fast_parts_refused_with_the_float_parts(change):
     field = next(iter(change))
     with pytest.raises(ValueError, match=f"EngineOptions.{field} = .* needs fp8=True"):
@@ -177,8 +180,24 @@ def test_choices_of_the_fast_parts_refused_with_the_float_parts(change):
 
 
 def test_parsed_values_are_the_enums():
-    o = FP8.replace(gemm="bf16", cache_policy="whole_window")
+    o = FP8.replace(gemm="bf16", cache_policy="whole_window", gemm_algorithms="tuned")
     assert o.gemm is GemmPrecision.BF16 and o.cache_policy is CachePolicy.WHOLE_WINDOW
+    assert o.gemm_algorithms is GemmAlgorithms.TUNED
+
+
+def test_served_tunes_gemm_algorithms_on_cuda_only():
+    """Tuning times cuBLASLt on the GPU it serves on; a CPU runs the float32 twin, which has no algorithms."""
+    assert EngineOptions.served("cuda").gemm_algorithms is GemmAlgorithms.TUNED
+    assert EngineOptions.served("cpu").gemm_algorithms is GemmAlgorithms.HEURISTIC
+
+
+def test_tuned_options_on_a_cpu_model_install_the_heuristic_parts():
+    """gemm_algorithms = tuned on a CPU model installs the same FP8 parts, with no plan (nothing to time)."""
+    cfg = ModelConfig.from_name("tiny")
+    model = init_random_(VideoDiT(cfg), seed=0)
+    fast = install_parts(model, FP8.replace(gemm_algorithms="tuned"))
+    lins = [getattr(getattr(b, o), r) for b in fast.blocks for o, r in (("attn", "qkv"), ("mlp", "down"))]
+    assert lins and all(isinstance(lin, Fp8Linear) and lin.plan is None for lin in lins), [type(x) for x in lins]
 
 
 def test_bf16_gemms_refuse_an_already_quantized_model(setup):
