@@ -5,8 +5,8 @@ A chunk covers `fpc / fps` seconds of audio (1/6 s: 2666 or 2667 samples at 16 k
 each window gives F log band energies: a Hann-windowed FFT (size = next power of two ≥ the window),
 its power summed into F bands evenly spaced on the mel scale between 60 Hz and sr/2, then log(1e-6 + ·).
 Output `[A, F]` float32. Deterministic and cheap; no learned frontend, no downloads. Computed in numpy (float32
-FFT): this runs on the host path of every chunk before the device gets its first pass, and torch's CPU FFT costs
-several times more per call at these sizes (it plans the transform on every call).
+FFT): this runs on the host path of every chunk before the device gets its first pass, and numpy's FFT and small
+array ops cost less per call than torch's CPU ops at these sizes.
 
 Samples are float PCM with full scale 1.0: finite samples beyond it are clipped to ±1 (a louder
 sender gets a saturated voice, never features that overflow float32 and poison the session); NaN or
