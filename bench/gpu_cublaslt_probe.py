@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from vivant.bench.gpu_probes import rel
-from vivant.kernels.cublaslt import Fp8Gemm
+from vivant.kernels.cublaslt import Fp8Gemm, graph_us
 from vivant.kernels.fp8 import quantize_rows_ref
 from vivant.kernels.fp8_gemm import fp8_linear, prefer_static_gemm_schedule, quantize_weight
 from vivant.worker.model.tp import local_shapes
@@ -22,30 +22,8 @@ DEV = "cuda"
 
 
 def _graph_us(fn, copies: int, inner: int = 3, reps: int = 15) -> float:
-    """µs per call of fn(i) for i cycling over `copies`, replayed in one CUDA graph of copies × inner calls."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(copies):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(inner):
-            for i in range(copies):
-                fn(i)
-    for _ in range(2):
-        g.replay()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / (copies * inner))
-    del g
-    return float(np.median(ts))
+    """µs per call of fn(i) for i cycling over `copies`, `inner` times over in one CUDA graph."""
+    return graph_us(fn, copies, reps, rounds=inner)
 
 
 def _kernel_names(fn) -> list[str]:

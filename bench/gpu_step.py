@@ -28,6 +28,7 @@ import time
 import numpy as np
 import torch
 from vivant.bench.memory import StepMemory
+from vivant.kernels import cublaslt
 from vivant.kernels.fp8_gemm import fp8_linear, prefer_static_gemm_schedule, quantize_weight
 from vivant.kernels.fused_quant import ln_mod_quant, quant_rows, residual_ln_mod_quant, swiglu_quant
 from vivant.kernels.qk_norm_rope import qk_norm_rope
@@ -111,28 +112,7 @@ def build_rank(cfg: ModelConfig, tp: int, rank: int, *, keep_bf16: bool, seed: i
 
 def graph_us(fn, inner: int = 20, reps: int = 30) -> float:
     """µs per call of fn, replayed inside one CUDA graph of `inner` calls (median of `reps` replays)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(inner):
-            fn()
-    for _ in range(3):
-        g.replay()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / inner)
-    del g
-    return float(np.median(ts))
+    return cublaslt.graph_us(lambda i: fn(), inner, reps)
 
 
 def categorize(name: str) -> str:

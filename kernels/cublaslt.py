@@ -325,18 +325,6 @@ class GemmPlan:
     def rows(self) -> int:
         return self.gemm.m
 
-    def variants(self, *, workspace_bytes: int = 32 << 20, limit: int = 600) -> list[Algorithm]:
-        """What tuning times: every configuration (`configurations`) run with no workspace — cuBLASLt then gives it a
-        static tile schedule, with no memset of a tile counter before each call (seen on an H200: the same tiles,
-        "ssched" in the kernel's name, about 1 µs faster and one graph node fewer) — and, where its check asked for
-        more than a tile counter (1 KiB; split-K partials), with the workspace it asked for."""
-        out = []
-        for algo in self.configurations(workspace_bytes=workspace_bytes, limit=limit):
-            out.append(dataclasses.replace(algo, workspace=0))
-            if algo.workspace > 1024:
-                out.append(algo)
-        return list({(a.raw, a.workspace): a for a in out}.values())
-
     def __call__(self, a: torch.Tensor, sa: torch.Tensor, w: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
         return self.gemm(a, sa, w, sw, algo=self.algo)
 
@@ -344,8 +332,9 @@ class GemmPlan:
 _TUNED: dict[tuple, GemmPlan | None] = {}
 
 
-def graph_us(fn, calls: int, reps: int) -> float:
-    """µs per call of fn(i), i = 0..calls − 1, replayed in one CUDA graph (median of `reps` replays)."""
+def graph_us(fn, calls: int, reps: int, rounds: int = 1) -> float:
+    """µs per call of fn(i), i = 0..calls − 1 (`rounds` times over), replayed in one CUDA graph: the median of
+    `reps` replays after a warm-up outside the graph and two untimed replays."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -354,9 +343,11 @@ def graph_us(fn, calls: int, reps: int) -> float:
     torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        for i in range(calls):
-            fn(i)
-    g.replay()
+        for _ in range(rounds):
+            for i in range(calls):
+                fn(i)
+    for _ in range(2):
+        g.replay()
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -364,7 +355,8 @@ def graph_us(fn, calls: int, reps: int) -> float:
         g.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
+        times.append(start.elapsed_time(end) * 1e3 / (calls * rounds))
+    del g
     return sorted(times)[len(times) // 2]
 
 
