@@ -52,3 +52,14 @@ def test_host_rotary_angles_equal_the_caches_own():
     assert torch.equal(host[0], own[0]) and torch.equal(host[1], own[1]), (
         f"cos differs by {(host[0] - own[0]).abs().max().item():.3e}, sin by {(host[1] - own[1]).abs().max().item():.3e}")
     assert host[0].abs().sum() > 0, "no angles were written"
+
+
+def test_step_bench_reports_the_host_phases_of_the_timed_chunks():
+    from vivant.bench.gpu_step import time_chunks
+
+    cfg = ModelConfig.from_name("tiny")
+    host: dict = {}
+    times, lat = time_chunks(ChunkGenerator(cfg), cfg, warmup=1, chunks=2, host=host)
+    assert len(times) == 2 and len(lat) == 3, (len(times), len(lat))
+    assert set(host) == {"reset", "host_launch"}, host
+    assert 0 < host["reset"] <= host["host_launch"] <= max(times), (host, times)
