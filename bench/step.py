@@ -6,6 +6,8 @@ from `vivant bench step --preset 57b --device cuda ...` (bench/gpu_step.py, the 
 
 JSON fields: preset, tp, rank, device, torch, chunks, passes, baseline_ms/optimized_ms (median per chunk),
 *_p99_ms, speedup (baseline / optimized), max_rel_rms (optimized vs baseline latents), per_chunk_ms.
+
+torch, numpy and the model are imported when the bench runs, after its arguments and preset are checked.
 """
 
 from __future__ import annotations
@@ -15,14 +17,14 @@ import json
 import platform
 import sys
 import time
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
 from vivant.worker.model.config import ModelConfig
-from vivant.worker.model.generator import ChunkGenerator
-from vivant.worker.model.model import VideoDiT, init_random_
 from vivant.worker.model.options import AttentionBackend, CacheMode
-from vivant.worker.model.tp import apply_tensor_parallel
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 
 def _splits(text: str) -> int | str:
@@ -77,11 +79,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _audio(cfg: ModelConfig, n: int) -> np.ndarray:
+    import numpy as np
+
     a, b = cfg.chunk_sample_range(n)
     return (0.3 * np.sin(np.arange(a, b) * 2 * np.pi * 220 / cfg.audio_sample_rate)).astype(np.float32)
 
 
 def measure(cfg: ModelConfig, mode: str, args) -> tuple[list[float], list[torch.Tensor]]:
+    from vivant.worker.model.generator import ChunkGenerator
+    from vivant.worker.model.model import VideoDiT, init_random_
+    from vivant.worker.model.tp import apply_tensor_parallel
+
     model = init_random_(VideoDiT(cfg), seed=args.seed)
     if args.tp > 1:
         model = apply_tensor_parallel(model, args.rank, args.tp, reduce="simulated")
@@ -107,6 +115,9 @@ def run(args: argparse.Namespace) -> int:
         from vivant.bench import gpu_step  # the GPU step benchmark (FP8 GEMMs, graphs) lives there
 
         return gpu_step.run(args)
+    import numpy as np
+    import torch
+
     modes = [CacheMode.BASELINE, CacheMode.OPTIMIZED] if args.mode == "both" else [CacheMode(args.mode)]
     result = {
         "bench": "step", "preset": cfg.name, "tp": args.tp, "rank": args.rank, "device": args.device,

@@ -1,4 +1,4 @@
-"""`vivant bench`: a bench whose third-party dependency this machine lacks (the LiveKit SDK is not on the GPU
+"""`vivant bench`: only the chosen bench's module is imported; a bench whose third-party dependency this machine lacks (the LiveKit SDK is not on the GPU
 machine) must not take the other benches down with it, and must say what is missing when asked to run; a broken
 import of our own code must still fail loudly."""
 
@@ -36,6 +36,19 @@ def test_a_missing_dependency_leaves_the_other_benches_and_names_itself(monkeypa
 
 
 def test_a_broken_import_of_our_own_code_is_raised(monkeypatch):
+    """A bench's module is imported when that bench is chosen (parsing its arguments), so that is where it raises."""
     with pytest.raises(ImportError, match="vivant.worker.nothing"):
-        _parser_with(monkeypatch, "vivant.bench.step", ImportError("no module vivant.worker.nothing",
-                                                                    name="vivant.worker.nothing"))
+        parser = _parser_with(monkeypatch, "vivant.bench.step", ImportError("no module vivant.worker.nothing",
+                                                                             name="vivant.worker.nothing"))
+        parser.parse_args(["step", "--preset", "tiny"])
+
+
+def test_only_the_chosen_bench_is_imported(monkeypatch):
+    imported = []
+    real = importlib.import_module
+    monkeypatch.setattr(cli.importlib, "import_module", lambda name, *a, **kw: imported.append(name) or real(name, *a, **kw))
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert imported == [], "listing the benches imports none of them"
+    assert parser.parse_args(["turn", "--preset", "tiny"])._bench_run.__module__ == "vivant.bench.turn"
+    assert imported == ["vivant.bench.turn"]

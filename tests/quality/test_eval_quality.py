@@ -5,31 +5,68 @@ issue's lip-sync bar for the shipped weights, and the gate's decisions."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 
+import numpy as np
 import pytest
+import torch
 from vivant.cli import main
 from vivant.worker.model.ref_model import default_weights_dir
+from vivant.worker.quality import eval_cli
 from vivant.worker.quality.eval_cli import judge
 
 HELD_OUT_WAV = default_weights_dir() / "data" / "held_out.wav"
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    import contextlib
-    import io
+def minute():
+    """`vivant eval quality --json --seconds 60` (its exit code and JSON report), and what it generated."""
+    made = []
+    real = eval_cli.generate
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(eval_cli, "generate", lambda *a, **kw: made.append(real(*a, **kw)) or made[-1])
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            rc = main(["eval", "quality", "--json", "--seconds", "60", "--wav", str(HELD_OUT_WAV)])
+    assert len(made) == 1
+    return rc, json.loads(buf.getvalue()), made[0]
 
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        rc = main(["eval", "quality", "--json", "--seconds", "10", "--wav", str(HELD_OUT_WAV)])
-    doc = json.loads(buf.getvalue())
-    return rc, doc
+
+@pytest.fixture(scope="module")
+def report(minute):
+    """The report over the first 10 s (60 chunks) of that minute: the session `--seconds 10` generates, since
+    generation is causal and both paths restart from the seed (test_the_first_chunks_are_the_session_of_their_audio);
+    the report itself (ground truth, lip-sync, quarters, gate) is computed over those 10 s alone."""
+    _, _, generated = minute
+    return eval_cli.score(generated, chunks=60)
+
+
+def test_the_first_chunks_are_the_session_of_their_audio(minute):
+    """What lets the 10 s report come from the minute: 1 s generated alone equals the minute's first 6 chunks."""
+    _, _, g = minute
+    alone = eval_cli.generate(None, 1.0, 0, wav=str(HELD_OUT_WAV))
+    n, f = alone.chunks, len(alone.vid_ref)
+    assert n == 6 and alone.resets == g.resets[:n]
+    assert np.array_equal(alone.audio, g.audio[: len(alone.audio)])
+    for name in ("lat_ref", "lat_opt"):
+        assert torch.equal(getattr(alone, name), getattr(g, name)[:n]), f"{name} of 1 s alone differs from the minute's"
+    for name in ("vid_ref", "vid_opt"):
+        assert np.array_equal(getattr(alone, name), getattr(g, name)[:f]), f"{name} of 1 s alone differs"
+    assert eval_cli.score(alone) == eval_cli.score(g, chunks=n)
+
+
+def test_cli_exit_code_is_the_gate(minute):
+    """`vivant eval quality` exits 0 when the gate passed, 1 when it failed."""
+    rc, r, _ = minute
+    assert r["chunks"] == 360
+    assert rc == (0 if r["gate"]["passed"] else 1), f"exit code {rc} disagrees with the gate {r['gate']}"
 
 
 def test_json_reports_both_paths_and_the_comparison(report):
-    rc, r = report
+    r = report
     assert r["chunks"] == 60 and r["position_resets"] >= 2, "10 s of ref = 60 chunks, resets every 10 (t_limit 16)"
     for k in ("lip_sync_reference", "lip_sync_optimized", "lip_sync_ground_truth", "psnr_reference_vs_optimized_db",
               "latent_rel_rms_last_quarter"):
@@ -38,33 +75,21 @@ def test_json_reports_both_paths_and_the_comparison(report):
     assert r["lip_sync_ground_truth"] >= 0.8, "the proxy on the procedural ground truth of the same audio"
     assert max(r["latent_rel_rms_per_chunk"]) > 0, "FP8 ring vs full-precision baseline cannot be bit-identical"
     assert r["psnr_reference_vs_optimized_db"] > 20, f"the two paths' videos differ: {r['psnr_reference_vs_optimized_db']} dB"
-    assert rc == (0 if r["gate"]["passed"] else 1), f"exit code {rc} disagrees with the gate {r['gate']}"
 
 
 def test_shipped_weights_lip_sync_on_held_out_speech(report):
     """The issue's bar: reference path r ≥ 0.6 on held-out sentences, optimized within 1 % of it."""
-    _, r = report
+    r = report
     ref, opt = r["lip_sync_reference"], r["lip_sync_optimized"]
     assert ref >= 0.6, f"reference-path lip-sync r = {ref:.4f} on held-out speech; expected ≥ 0.6"
     assert opt >= ref * 0.99, f"optimized r = {opt:.4f} is more than 1 % below reference {ref:.4f}"
 
 
-@pytest.fixture(scope="module")
-def report_60s():
-    import contextlib
-    import io
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        rc = main(["eval", "quality", "--json", "--seconds", "60", "--wav", str(HELD_OUT_WAV)])
-    return rc, json.loads(buf.getvalue())
-
-
-def test_shipped_weights_hold_identity_over_a_minute(report_60s):
+def test_shipped_weights_hold_identity_over_a_minute(minute):
     """The issue's ≥ 60 s bar (≥ 2 position resets): identity and flicker compared between the first and the last
     15 s, on both paths. Quarters of a 10 s clip (2.5 s) swing by ±2.5 dB with what is being said, so identity
     is judged on the minute only."""
-    rc, r = report_60s
+    rc, r, _ = minute
     assert r["position_resets"] >= 2, f"60 s crossed only {r['position_resets']} position resets"
     assert rc == 0 and r["gate"]["passed"], f"the gate failed over 60 s: {r['gate']}"
     for path in ("reference", "optimized"):

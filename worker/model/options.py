@@ -41,9 +41,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a device is read, so `vivant bench` parses its options without it
+    import torch
 
 
 class CacheMode(StrEnum):
@@ -193,6 +194,8 @@ class EngineOptions:
         the FP8 ring, eagerly. Why a bf16 ring: attention reads bf16 either way, and the FP8 ring's rounding of K/V
         is a large share of the served engine's difference from the float32 model on trained weights
         (docs/BENCHMARKS.md)."""
+        import torch
+
         cuda = torch.device(device).type == "cuda"
         return cls(fp8=True, attention=AttentionBackend.IMAGE if cuda else AttentionBackend.TORCH,
                    kv_splits="auto" if cuda else 1, fast_accum=cuda, cuda_graphs=cuda,
@@ -208,6 +211,8 @@ def engine_options(engine: EngineName | str, device: str | torch.device, mode: C
     auto → fast on a CUDA device with the optimized cache, else model."""
     engine = parse_choice(EngineName, engine, "engine")
     mode = parse_choice(CacheMode, mode, "mode")
+    import torch
+
     cuda = torch.device(device).type == "cuda"
     if engine is EngineName.AUTO:
         engine = EngineName.FAST if cuda and mode is CacheMode.OPTIMIZED else EngineName.MODEL

@@ -24,6 +24,7 @@ import copy
 import json
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -84,18 +85,19 @@ def read_audio_at(path: str | Path, rate: int) -> np.ndarray:
 
 
 def run_path(gen: ChunkGenerator, vae: VAEDecoder, audio: np.ndarray, chunks: int, seed: int):
-    """Generate and decode `chunks` chunks: latents float32 [chunks, C, h, w], frames uint8 [4·chunks, H, W, 3]."""
+    """Generate and decode `chunks` chunks: latents float32 [chunks, C, h, w], frames uint8 [4·chunks, H, W, 3],
+    and per chunk 1 where it reset positions (else 0)."""
     cfg = gen.cfg
     gen.reset_session(seed)
     cache = vae.new_cache()
-    lats, frames, resets = [], [], 0
+    lats, frames, resets = [], [], []
     for n in range(chunks):
         a, b = cfg.chunk_sample_range(n)
         out = gen.generate_chunk(audio[a:b], cfg.audio_sample_rate)
-        resets += int(out.reset)
+        resets.append(int(out.reset))
         lats.append(out.latents.cpu())
         frames.append(vae.decode_chunk(out.latents, cache).cpu().numpy())
-    return torch.stack(lats), np.concatenate(frames), resets
+    return torch.stack(lats), np.concatenate(frames), tuple(resets)
 
 
 def ground_truth_frames(audio: np.ndarray, cfg: ModelConfig) -> np.ndarray:
@@ -129,9 +131,32 @@ def judge(lip_ref: float, lip_opt: float, rel_rms: list[float], max_drop: float 
             "failures": failures}
 
 
-def evaluate(weights: str | None, seconds: float, seed: int, device: str = "cpu", wav: str | None = None,
-             max_lag: int = 6, max_drop: float = 0.01, drift_ratio: float = 2.0, drift_floor: float = 0.05,
-             video: str | None = None) -> dict:
+@dataclass(frozen=True)
+class Generated:
+    """Both paths generated and decoded over one session's audio (what `score` reports on).
+
+    Generation is causal: chunk n sees only its own audio and the chunks before it, and both paths restart from
+    `seed`, so the first k chunks of a longer session are the session of those k chunks' audio."""
+
+    cfg: ModelConfig
+    weights_dir: Path
+    device: str
+    seed: int
+    texts: list[str]
+    audio: np.ndarray  # float32, exactly `chunks` chunks of samples
+    lat_ref: torch.Tensor  # [chunks, C, h, w]
+    vid_ref: np.ndarray  # uint8 [frames, H, W, 3]
+    lat_opt: torch.Tensor
+    vid_opt: np.ndarray
+    resets: tuple[int, ...]  # 1 where the reference path reset positions at that chunk
+
+    @property
+    def chunks(self) -> int:
+        return len(self.lat_ref)
+
+
+def generate(weights: str | None, seconds: float, seed: int, device: str = "cpu", wav: str | None = None) -> Generated:
+    """Run the held-out speech (or `wav`'s first `seconds`) through the reference and the optimized path."""
     cfg = ModelConfig.from_name("ref")
     dit_path, _ = ref_paths(weights)
     _, vae = load_ref_decoder(weights, device=device)
@@ -148,21 +173,36 @@ def evaluate(weights: str | None, seconds: float, seed: int, device: str = "cpu"
                               model=copy.deepcopy(model))  # the served engine installs its parts in place
     lat_ref, vid_ref, resets = run_path(ref_gen, vae, audio, chunks, seed)
     lat_opt, vid_opt, _ = run_path(opt_gen, vae, audio, chunks, seed)
+    return Generated(cfg=cfg, weights_dir=dit_path.parent, device=device, seed=seed, texts=texts, audio=audio,
+                     lat_ref=lat_ref, vid_ref=vid_ref, lat_opt=lat_opt, vid_opt=vid_opt, resets=resets)
+
+
+def score(g: Generated, chunks: int | None = None, max_lag: int = 6, max_drop: float = 0.01,
+          drift_ratio: float = 2.0, drift_floor: float = 0.05, video: str | None = None) -> dict:
+    """The report (and the gate's decision) over the first `chunks` chunks of `g` (all of them by default)."""
+    cfg = g.cfg
+    chunks = g.chunks if chunks is None else chunks
+    if not 1 <= chunks <= g.chunks:
+        raise ValueError(f"chunks = {chunks}; expected 1..{g.chunks}")
+    audio = g.audio[: cfg.chunk_sample_range(chunks - 1)[1]]
+    frames = chunks * cfg.frames_per_chunk
+    lat_ref, lat_opt, vid_ref, vid_opt = g.lat_ref[:chunks], g.lat_opt[:chunks], g.vid_ref[:frames], g.vid_opt[:frames]
+    resets = sum(g.resets[:chunks])
     rel = ((lat_opt - lat_ref).flatten(1).norm(dim=1) / lat_ref.flatten(1).norm(dim=1).clamp_min(1e-12)).tolist()
     gt = ground_truth_frames(audio, cfg)[: len(vid_ref)]
     ls_ref = lip_sync(vid_ref, audio, cfg.audio_sample_rate, cfg.fps, max_lag)
     ls_opt = lip_sync(vid_opt, audio, cfg.audio_sample_rate, cfg.fps, max_lag)
     ls_gt = lip_sync(gt, audio, cfg.audio_sample_rate, cfg.fps, max_lag)
-    g = judge(ls_ref.correlation, ls_opt.correlation, rel, max_drop, drift_ratio, drift_floor)
-    drop, first_q, last_q, drift_limit, failures = (g["drop"], g["first_quarter"], g["last_quarter"],
-                                                     g["drift_limit"], g["failures"])
+    g_ = judge(ls_ref.correlation, ls_opt.correlation, rel, max_drop, drift_ratio, drift_floor)
+    drop, first_q, last_q, drift_limit, failures = (g_["drop"], g_["first_quarter"], g_["last_quarter"],
+                                                     g_["drift_limit"], g_["failures"])
     if video:
         write_side_by_side(video, [vid_ref, vid_opt, gt], audio, cfg)
     stability = {"reference": stability_over_time(vid_ref, gt), "optimized": stability_over_time(vid_opt, gt)}
     return {
-        "preset": cfg.name, "weights": _shown(dit_path.parent), "device": device, "seed": seed,
+        "preset": cfg.name, "weights": _shown(g.weights_dir), "device": g.device, "seed": g.seed,
         "seconds": round(chunks * cfg.chunk_seconds, 3), "chunks": chunks, "position_resets": resets,
-        "texts": texts,
+        "texts": g.texts,
         "lip_sync_reference": round(ls_ref.correlation, 4), "lip_sync_optimized": round(ls_opt.correlation, 4),
         "lip_sync_ground_truth": round(ls_gt.correlation, 4),
         "lip_sync_lag_frames": {"reference": ls_ref.lag_frames, "optimized": ls_opt.lag_frames,
@@ -179,6 +219,13 @@ def evaluate(weights: str | None, seconds: float, seed: int, device: str = "cpu"
         "gate": {"passed": not failures, "failures": failures, "max_lipsync_drop": max_drop,
                  "drift_limit": round(drift_limit, 6)},
     }
+
+
+def evaluate(weights: str | None, seconds: float, seed: int, device: str = "cpu", wav: str | None = None,
+             max_lag: int = 6, max_drop: float = 0.01, drift_ratio: float = 2.0, drift_floor: float = 0.05,
+             video: str | None = None) -> dict:
+    return score(generate(weights, seconds, seed, device, wav), None, max_lag, max_drop, drift_ratio, drift_floor,
+                 video)
 
 
 def _shown(path: Path) -> str:
