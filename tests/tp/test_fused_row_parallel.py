@@ -36,6 +36,12 @@ from vivant.worker.model.tp import AllReduce, apply_tensor_parallel
 CHUNKS = 6
 SWITCH = {2: True, 4: False}  # chunk index → fusedGemmAllReduce from that chunk on
 TOL = 1e-5
+# Through its layers and passes the tiny random model amplifies the summation-order rounding by which fused and unfused
+# differ (one projection: TOL), by an amount that depends on the inputs: with the same code, audio of amplitude 0.15
+# instead of 0.2 gave 2.1e-5 at world 4, and audio features changed in their last float bits gave 4.5e-5 (3.1e-5 in
+# chunk 0 alone), against below 1e-5 before. Latents are held to the bound the sharded model meets against TP = 1, also
+# a difference of summation order alone.
+TRAJECTORY_TOL = 1e-4
 
 
 def audio(cfg, n):
@@ -117,7 +123,7 @@ def test_fused_model_equals_unfused_model(world_results):
         assert res["paths_unfused"] == ["gemm_then_all_reduce"] * CHUNKS
         assert res["paths_fused"] == ["fused_gemm_all_reduce"] * CHUNKS
         err = rel(res["lat_fused"], res["lat_unfused"])
-        assert err < TOL, f"world {world} rank {rank}: fused vs unfused latents relative error {err:.3e}"
+        assert err < TRAJECTORY_TOL, f"world {world} rank {rank}: fused vs unfused latents relative error {err:.3e}"
 
 
 def test_flag_switched_at_chunk_boundaries_matches_each_path(world_results):
@@ -128,9 +134,11 @@ def test_flag_switched_at_chunk_boundaries_matches_each_path(world_results):
         for n, path in enumerate(expected_paths):
             same = res["lat_fused"][n] if path == "fused_gemm_all_reduce" else res["lat_unfused"][n]
             err = rel(res["lat_switched"][n], same)
-            # the chunks before a switch ran identical code; after it, only summation order may differ
-            assert err < TOL, f"world {world} rank {rank} chunk {n} ({path}): switched vs uniform run {err:.3e}"
-        assert rel(res["lat_switched"], res["lat_fused"]) < TOL, f"world {world} rank {rank}: switched vs fused"
+            # the chunks before a switch ran identical code (bit for bit); after it, only summation order may differ
+            bound = 0.0 if n < min(SWITCH) else TRAJECTORY_TOL
+            assert err <= bound, f"world {world} rank {rank} chunk {n} ({path}): switched vs uniform run {err:.3e}"
+        err = rel(res["lat_switched"], res["lat_fused"])
+        assert err < TRAJECTORY_TOL, f"world {world} rank {rank}: switched vs fused {err:.3e}"
 
 
 def test_sharded_fused_model_equals_tp1(world_results, tp1_reference):
