@@ -242,8 +242,7 @@ class Fp8Gemm:
         return list({(a.raw, a.workspace): a for a in out}.values())
 
     def __call__(self, a: torch.Tensor, sa: torch.Tensor, w: torch.Tensor, sw: torch.Tensor,
-                 algo: Algorithm | None = None, out: torch.Tensor | None = None, c: torch.Tensor | None = None
-                 ) -> torch.Tensor:
+                 algo: Algorithm | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         """a fp8 [m, k], sa f32 [m], w fp8 [n, k], sw f32 [n] (CUDA, contiguous) → [m, n] `out_dtype`."""
         m, n, k = self.m, self.n, self.k
         for name, t, shape, dtype in (("a", a, (m, k), torch.float8_e4m3fn), ("w", w, (n, k), torch.float8_e4m3fn),
@@ -269,8 +268,7 @@ class Fp8Gemm:
         la, lb, lc, ld = self._layouts
         _check(lib.cublasLtMatmul(_handle(), self._desc, ctypes.byref(self._alpha), ctypes.c_void_p(w.data_ptr()), la,
                                   ctypes.c_void_p(a.data_ptr()), lb, ctypes.byref(self._beta),
-                                  ctypes.c_void_p((out if c is None else c).data_ptr()), lc,
-                                  ctypes.c_void_p(out.data_ptr()), ld,
+                                  ctypes.c_void_p(out.data_ptr()), lc, ctypes.c_void_p(out.data_ptr()), ld,
                                   ctypes.byref(raw), ctypes.c_void_p(ws), ctypes.c_size_t(algo.workspace),
                                   ctypes.c_void_p(torch.cuda.current_stream(a.device).cuda_stream)), "Matmul")
         return out
@@ -395,13 +393,14 @@ def tune(m: int, weights: list[tuple[torch.Tensor, torch.Tensor]], *, fast_accum
         if len(best) == finalists:
             break
     heuristic: list[float] = []
-    times: dict[bytes, list[float]] = {algo.raw: [] for algo in best}
+    times: list[list[float]] = [[] for _ in best]  # by finalist: one descriptor may run with and without workspace
     for _ in range(rounds):
         heuristic.append(timed(None, 10))
-        for algo in best:
-            times[algo.raw].append(timed(algo, 10))
+        for t, algo in zip(times, best, strict=True):
+            t.append(timed(algo, 10))
     h = sorted(heuristic)[len(heuristic) // 2]
-    medians = sorted(((sorted(times[algo.raw])[rounds // 2], algo) for algo in best), key=lambda p: p[0])
+    medians = sorted(((sorted(t)[rounds // 2], algo) for t, algo in zip(times, best, strict=True)),
+                     key=lambda p: p[0])
     plan = None
     if medians and medians[0][0] <= margin * h:
         plan = GemmPlan(gemm=gemm, algo=medians[0][1], chosen_us=medians[0][0], heuristic_us=h)
