@@ -255,13 +255,14 @@ def test_undo_saves_follow_ring_tensors_that_were_replaced():
 
 
 def test_host_inputs_name_their_chunk_and_frame(model):
-    """The next chunk's audio-independent inputs (built while the device runs a chunk) carry the chunk, position
-    frame and seed they were made for, and there are none while a position reset is due first."""
+    """The next chunk's audio-independent inputs (built while the device runs a chunk) carry the chunk, the model's
+    origin (the chunk a numerical fault restarted it at), position frame and seed they were made for, and there are
+    none while a position reset is due first."""
     gen = ChunkGenerator(CFG, model=model, seed=4, rewind_chunks=2)
     for n in range(CFG.t_limit - 1):
         gen.generate_chunk(_silence(n), CFG.audio_sample_rate)
     nxt = gen.host_inputs(gen.chunk)
-    assert nxt is not None and nxt.key == (gen.chunk, gen.frame.offset, gen.frame.resets, 4)
+    assert nxt is not None and nxt.key == (gen.chunk, 0, gen.frame.offset, gen.frame.resets, 4)
     assert nxt.pos_t == gen.frame.t_of(gen.chunk) and torch.equal(nxt.noise, gen.noise(gen.chunk))
     gen.generate_chunk(_silence(gen.chunk), CFG.audio_sample_rate)
     assert gen.frame.needs_reset(gen.chunk) and gen.host_inputs(gen.chunk) is None

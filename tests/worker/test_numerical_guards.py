@@ -68,9 +68,21 @@ def test_a_non_finite_chunk_resets_the_session_state_instead_of_poisoning_it() -
         outs.append(gen.generate_chunk(speech(n, 0.1), CFG.audio_sample_rate))
         poisoned_once.done = poisoned_once.done or not finite(outs[-1])
     assert [finite(o) for o in outs] == [True, True, False, True, True, True], [finite(o) for o in outs]
-    # the session restarted from a clean state: the chunk after the fault is chunk 0 of a fresh session
+    # the model restarted from a clean state: the chunk after the fault is chunk 0 of a fresh session
     fresh = ChunkGenerator(CFG, seed=3).generate_chunk(speech(3, 0.1), CFG.audio_sample_rate)
     assert torch.equal(outs[3].latents, fresh.latents)
+    # while the session's chunk count goes on (the audio, the decoder and the pacer count the session's chunks: a
+    # count back at 0 sent chunk 0 again and the decoder refused its audio)
+    assert [o.index for o in outs] == list(range(6)) and gen.chunk == 6 and gen.origin == 3, [o.index for o in outs]
+    # a rewind reaches back to the restart, not before it (the state before the fault is what went wrong)
+    with pytest.raises(ValueError, match=r"to_chunk = 2: expected an integer in \[3, 6\]"):
+        gen.rewind(2)
+    gen.rewind(4)
+    again = gen.generate_chunk(speech(4, 0.1), CFG.audio_sample_rate)
+    assert again.index == 4 and torch.equal(again.latents, outs[4].latents)
+    gen.rewind(3)  # to the restart itself: the model's state afresh, as after the fault
+    assert gen.chunk == 3 and torch.equal(gen.generate_chunk(speech(3, 0.1), CFG.audio_sample_rate).latents,
+                                          fresh.latents)
 
 
 def checkpoint(tmp_path: Path) -> Path:

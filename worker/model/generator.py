@@ -12,6 +12,11 @@ Rewind (`rewind`): at a speech turn's start the session returns to an earlier ch
 `rewind_chunks` back) and generates from there with the new audio; the result equals a session that had that audio
 at that chunk from the start, because the noise is seeded per (seed, chunk) and the cache and position frame are
 restored exactly (docs/ARCHITECTURE.md, "Rewind at a turn start").
+
+A numerical fault (a chunk whose latents hold NaN/Inf) restarts the model's state — the cache cleared, positions
+from 0 — but not the session's chunk count: `chunk` goes on (the audio, the decoder and the pacer count the
+session's chunks), and the next chunk is the model's first again (`origin` = that chunk: sink tokens, ring slots,
+positions and noise are taken at `chunk − origin`), so it equals chunk 0 of a fresh session given the same audio.
 """
 
 from __future__ import annotations
@@ -41,10 +46,11 @@ log = logging.getLogger(__name__)
 class HostInputs:
     """A chunk's inputs that do not depend on its audio, built on the host while the previous chunk's passes run
     (`ChunkGenerator.generate_chunk` prepares chunk n + 1 before it waits for chunk n), in pinned memory on a GPU
-    so the chunk's start copies them without waiting. Valid for `key` = (chunk, frame offset, frame resets, seed)
-    only: a rewind, a reset or a new session changes the key and the chunk builds its inputs afresh."""
+    so the chunk's start copies them without waiting. Valid for `key` = (chunk, origin, frame offset, frame resets,
+    seed) only: a rewind, a reset, a fault's restart or a new session changes the key and the chunk builds its inputs
+    afresh."""
 
-    key: tuple[int, int, int, int]
+    key: tuple[int, int, int, int, int]
     pos_t: int  # the chunk's temporal index in the position frame
     pos: torch.Tensor  # int64 [T, 3]
     slots: torch.Tensor  # int64 [T]
@@ -118,26 +124,32 @@ class ChunkGenerator:
         """Return to the chunk boundary before `to_chunk`: afterwards the next `generate_chunk` produces chunk
         `to_chunk`, and the cache, the position frame and `chunk` equal the state right after chunk `to_chunk` − 1
         was generated. `to_chunk == chunk` is a no-op; ValueError naming `to_chunk` unless
-        `max(0, chunk − rewind_chunks) ≤ to_chunk ≤ chunk` (on every tensor-parallel rank at the same boundary)."""
-        lo = self.cache.oldest_rewind()
+        `max(origin, chunk − rewind_chunks) ≤ to_chunk ≤ chunk` (on every tensor-parallel rank at the same boundary;
+        a numerical fault's restart is as far back as a rewind goes: the state before it is what went wrong)."""
+        lo = self.origin + self.cache.oldest_rewind()
         if isinstance(to_chunk, bool) or not isinstance(to_chunk, int) or not lo <= to_chunk <= self.chunk:
             raise ValueError(f"rewind to_chunk = {to_chunk!r}: expected an integer in [{lo}, {self.chunk}] (the next "
                              f"chunk is {self.chunk}; at most rewind_chunks = {self.rewind_chunks} back)")
         if to_chunk == self.chunk:
             return
-        if to_chunk == 0:
-            self.reset_session(self.seed)
+        if to_chunk == self.origin:
+            self._restart(self.seed, self.origin)
             return
-        self.cache.rewind(to_chunk)
+        self.cache.rewind(to_chunk - self.origin)
         self.frame.offset, self.frame.resets = self._frames[to_chunk - 1]
         self._frames = {c: f for c, f in self._frames.items() if c < to_chunk}
         self.chunk = to_chunk
         self._next = None
 
     def reset_session(self, seed: int = 0) -> None:
+        """A new session: chunk 0, a cleared cache, positions from 0, noise seeded by `seed`."""
+        self._restart(seed, 0)
+
+    def _restart(self, seed: int, at: int) -> None:
+        """The model's state afresh from session chunk `at` (= the next chunk and the new `origin`)."""
         cfg = self.cfg
         self.seed = seed
-        self.chunk = 0
+        self.chunk = self.origin = at
         self._frames = {}
         self._next: HostInputs | None = None
         self.frame = PositionFrame(cfg.t_limit, cfg.window_chunks)
@@ -173,9 +185,9 @@ class ChunkGenerator:
         return n
 
     def noise(self, chunk: int) -> torch.Tensor:
-        """Chunk `chunk`'s starting latents [C, latent_h, latent_w] on the generator's device (seeded per session
-        and chunk)."""
-        return self._host_noise(chunk).to(self.device)
+        """Session chunk `chunk`'s starting latents [C, latent_h, latent_w] on the generator's device (seeded per
+        session and model chunk, `chunk − origin`)."""
+        return self._host_noise(chunk - self.origin).to(self.device)
 
     def _host_noise(self, chunk: int) -> torch.Tensor:
         g = torch.Generator(device="cpu").manual_seed(self.seed * 1_000_003 + chunk)
@@ -205,25 +217,30 @@ class ChunkGenerator:
         return self._pinned_sets[n % 2]
 
     def host_inputs(self, n: int) -> HostInputs | None:
-        """Chunk n's audio-independent inputs in the current position frame (in its pinned staging set on a GPU);
-        None when a position reset must come first (the chunk then builds them after the reset)."""
-        if self.frame.needs_reset(n):
+        """Session chunk n's audio-independent inputs in the current position frame (in its pinned staging set on a
+        GPU); None when a position reset must come first (the chunk then builds them after the reset)."""
+        m = n - self.origin  # the model's chunk
+        if self.frame.needs_reset(m):
             return None
-        cfg, pos_t = self.cfg, self.frame.t_of(n)
+        cfg, pos_t = self.cfg, self.frame.t_of(m)
         pos = chunk_positions(pos_t, cfg.grid_h, cfg.grid_w, cfg.audio_tokens)
         angles = rope_angles(pos, cfg.rope_dims, cfg.rope_theta)  # on the host: the chunk start only copies them
-        t = {"pos": pos, "slots": self.layout.chunk_slots(n), "valid": self.layout.valid_mask(n),
-             "noise": self._host_noise(n), "cos": angles.cos(), "sin": angles.sin()}
+        t = {"pos": pos, "slots": self.layout.chunk_slots(m), "valid": self.layout.valid_mask(m),
+             "noise": self._host_noise(m), "cos": angles.cos(), "sin": angles.sin()}
         stage = self._staging(n)
         if stage is not None:
             t = {k: stage[k].copy_(v) for k, v in t.items()}
-        return HostInputs(key=(n, self.frame.offset, self.frame.resets, self.seed), pos_t=pos_t, **t)
+        return HostInputs(key=self._inputs_key(n), pos_t=pos_t, **t)
+
+    def _inputs_key(self, n: int) -> tuple[int, int, int, int, int]:
+        return (n, self.origin, self.frame.offset, self.frame.resets, self.seed)
 
     @torch.no_grad()
     def generate_chunk(self, audio: np.ndarray | torch.Tensor, sample_rate: int) -> ChunkOutput:
         """Chunk `chunk` from its audio: the passes, then the next chunk's host inputs (`host_inputs`) while the
         device still runs them, then one wait for the device; a non-finite result resets the session's state."""
         cfg, n, dev = self.cfg, self.chunk, self.device
+        m = n - self.origin  # the model's chunk (the session's since its start or its last numerical fault)
         t0 = time.perf_counter()
         stage = self._staging(n)
         feats = self.featurize(audio, sample_rate)[: cfg.audio_tokens]
@@ -231,19 +248,19 @@ class ChunkGenerator:
             feats = stage["feats"].copy_(feats)
         feats = feats.to(dev, non_blocking=True)
         reset = False
-        if self.frame.needs_reset(n):
+        if self.frame.needs_reset(m):
             delta = self.frame.reset()
-            resident = [c for c in self.layout.resident_chunks(n) if c != n]
+            resident = [c for c in self.layout.resident_chunks(m) if c != m]
             slots = torch.cat([self.layout.chunk_slots(c) for c in resident]) if resident else torch.empty(0, dtype=torch.int64)
             self.cache.shift_positions(delta, slots)
             reset = True
         t_cache = time.perf_counter()
         inputs, self._next = self._next, None
-        if inputs is None or inputs.key != (n, self.frame.offset, self.frame.resets, self.seed):
+        if inputs is None or inputs.key != self._inputs_key(n):
             inputs = self.host_inputs(n)
         pos = inputs.pos.to(dev, non_blocking=True)
-        state = StepState(chunk=n, pos=pos, slots=inputs.slots, valid=inputs.valid,
-                          sink_pos=sink_positions(inputs.pos, cfg.sink_tokens).to(dev) if n == 0 and cfg.sink_tokens else None,
+        state = StepState(chunk=m, pos=pos, slots=inputs.slots, valid=inputs.valid,
+                          sink_pos=sink_positions(inputs.pos, cfg.sink_tokens).to(dev) if m == 0 and cfg.sink_tokens else None,
                           cos=inputs.cos, sin=inputs.sin)
         self.cache.begin_chunk(state)
         x = inputs.noise.to(dev, non_blocking=True)
@@ -264,9 +281,10 @@ class ChunkGenerator:
             torch.cuda.synchronize(dev)
         t1 = time.perf_counter()
         if not bool(finite):
-            # NaN/Inf reached the cache: every later chunk would attend it. Start the session's state
-            # afresh (cache cleared, positions from 0); this chunk is reported as it is (a numerical fault).
-            self.reset_session(self.seed)
+            # NaN/Inf reached the cache: every later chunk would attend it. Start the model's state afresh
+            # (cache cleared, positions from 0) at the next chunk; this chunk is reported as it is (a numerical
+            # fault) and the session's chunk count goes on.
+            self._restart(self.seed, n + 1)
         return ChunkOutput(index=n, latents=x, position_t=inputs.pos_t, reset=reset,
                            timings_ms={"total": (t1 - t0) * 1e3, "reset": (t_cache - t0) * 1e3,
                                        "passes": (t1 - t_cache) * 1e3, "host_launch": (t_launched - t0) * 1e3})
