@@ -83,9 +83,8 @@ class PaddedGenerator:
     def rewind_chunks(self) -> int:
         return self.inner.rewind_chunks
 
-    @property
-    def cache(self):
-        return self.inner.cache
+    def oldest_rewind(self) -> int:
+        return self.inner.oldest_rewind()
 
     def rewind(self, to_chunk: int) -> None:
         self.inner.rewind(to_chunk)

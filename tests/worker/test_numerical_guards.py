@@ -74,7 +74,9 @@ def test_a_non_finite_chunk_resets_the_session_state_instead_of_poisoning_it() -
     # while the session's chunk count goes on (the audio, the decoder and the pacer count the session's chunks: a
     # count back at 0 sent chunk 0 again and the decoder refused its audio)
     assert [o.index for o in outs] == list(range(6)) and gen.chunk == 6 and gen.origin == 3, [o.index for o in outs]
-    # a rewind reaches back to the restart, not before it (the state before the fault is what went wrong)
+    # a rewind reaches back to the restart, not before it (the state before the fault is what went wrong); the
+    # runtime and the pipeline ask the generator how far (a cache's undo depth alone would say chunk 2)
+    assert gen.oldest_rewind() == 3 and gen.cache.oldest_rewind() == 0
     with pytest.raises(ValueError, match=r"to_chunk = 2: expected an integer in \[3, 6\]"):
         gen.rewind(2)
     gen.rewind(4)

@@ -120,13 +120,18 @@ class ChunkGenerator:
         """How many chunks back `rewind` can go (the undo log's depth; 0: rewinding is off)."""
         return self._rewind_chunks
 
+    def oldest_rewind(self) -> int:
+        """The earliest session chunk `rewind` can return to now: the cache's undo depth, and never before the chunk a
+        numerical fault restarted the model at (`origin`)."""
+        return self.origin + self.cache.oldest_rewind()
+
     def rewind(self, to_chunk: int) -> None:
         """Return to the chunk boundary before `to_chunk`: afterwards the next `generate_chunk` produces chunk
         `to_chunk`, and the cache, the position frame and `chunk` equal the state right after chunk `to_chunk` − 1
         was generated. `to_chunk == chunk` is a no-op; ValueError naming `to_chunk` unless
         `max(origin, chunk − rewind_chunks) ≤ to_chunk ≤ chunk` (on every tensor-parallel rank at the same boundary;
         a numerical fault's restart is as far back as a rewind goes: the state before it is what went wrong)."""
-        lo = self.origin + self.cache.oldest_rewind()
+        lo = self.oldest_rewind()
         if isinstance(to_chunk, bool) or not isinstance(to_chunk, int) or not lo <= to_chunk <= self.chunk:
             raise ValueError(f"rewind to_chunk = {to_chunk!r}: expected an integer in [{lo}, {self.chunk}] (the next "
                              f"chunk is {self.chunk}; at most rewind_chunks = {self.rewind_chunks} back)")

@@ -263,7 +263,7 @@ class RankRuntime:
         """A turn starts with the next chunk, or (`interrupt`) an interrupt came: rewind every rank to where the decoder
         rank says (module docstring)."""
         gen, n = self.generator, self.generator.chunk
-        oldest = max(gen.cache.oldest_rewind(), self._audio.oldest_rewind())
+        oldest = max(gen.oldest_rewind(), self._audio.oldest_rewind())
         diffuse_s = max(self._diffuse_ms, default=0.0) / 1e3
         lead_s = 1.5 * diffuse_s  # time to diffuse chunk r again, with a margin
         r, k, dropped = self._collective(lambda: self.link.request_rewind(self.sessions, n, lead_s, oldest,

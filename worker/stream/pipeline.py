@@ -128,7 +128,7 @@ class StreamPipeline:
         if not interrupt and not self._turn_to_rewind():
             return
         n = self._next
-        oldest = max(self.generator.cache.oldest_rewind(), self.audio_in.oldest_rewind())
+        oldest = max(self.generator.oldest_rewind(), self.audio_in.oldest_rewind())
         lead = self.playout.lead
         r, k = self.playout.splice(lead.min_lead_s(), oldest=oldest, cause="interrupt" if interrupt else "turn",
                                    next_chunk_s=lead.diffuse_p99_s())
