@@ -23,6 +23,11 @@ last `rewind_chunks` decoded chunks. A decode finishes and delivers under the st
 delivery in progress (at most until the pacer has room for it) and a chunk decoded while the rewind came is
 discarded by its epoch.
 
+A chunk whose latents are not finite (the generator's numerical fault, after which it restarts its model state) is
+not decoded: its causal state would make every later frame NaN (black) for the rest of the session. Its frames hold
+the last frame delivered (black before any), and the decoder restarts with the generator: a fresh causal state for
+the next chunk (`nonfinite_chunks` lists them).
+
 Shapes: latents [C, h, w] float; decoded frames uint8 [frames_per_chunk, H, W, 3] in host memory.
 """
 
@@ -93,6 +98,8 @@ class DecoderStage:
         self._decode_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.decode_ms: list[float] = []
         self.submit_wait_ms: list[float] = []
+        self.nonfinite_chunks: list[int] = []  # chunks whose latents were not finite: held frames, state restarted
+        self._last_frame: np.ndarray | None = None  # [H, W, 3] uint8: the last frame delivered
 
     def start(self) -> DecoderStage:
         if self._thread is None:
@@ -106,6 +113,7 @@ class DecoderStage:
             self._cache = self.vae.new_cache()
             self._last_done = -1
             self._snapshots = {}
+            self._last_frame = None
 
     def oldest_rewind(self) -> int:
         """The earliest chunk `rewind` can return to now (its causal state is kept, or nothing was decoded since)."""
@@ -238,14 +246,16 @@ class DecoderStage:
             self._inflight = chunk.index
         t_start = self.now()
         t = time.perf_counter()
+        host = None
         if self._decode_stream is not None:
             with torch.cuda.stream(self._decode_stream):
                 if item.ready is not None:
                     self._decode_stream.wait_event(item.ready)
-                frames = self.vae.decode_chunk(chunk.latents, cache)
-                host = frames.to("cpu", non_blocking=False)
-        else:
+                if bool(torch.isfinite(chunk.latents).all()):
+                    host = self.vae.decode_chunk(chunk.latents, cache).to("cpu", non_blocking=False)
+        elif bool(torch.isfinite(chunk.latents).all()):
             host = self.vae.decode_chunk(chunk.latents, cache)
+        frames = host.numpy() if host is not None else self._held_frames()
         ms = (time.perf_counter() - t) * 1e3
         times = dict(chunk.times)
         times["decode_start"] = t_start
@@ -257,7 +267,18 @@ class DecoderStage:
                 return
             self.decode_ms.append(ms)
             self._last_done = chunk.index
+            if host is None:  # not finite: the next chunk starts the decoder afresh, as the generator does
+                self._cache = cache = self.vae.new_cache()
+                self.nonfinite_chunks.append(chunk.index)
             if self.rewind_chunks:
                 self._snapshots[chunk.index] = cache.snapshot()
                 self._snapshots.pop(chunk.index - self.rewind_chunks, None)
-            self.on_decoded(DecodedChunk(chunk.index, host.numpy(), chunk.audio, times))
+            self._last_frame = frames[-1]
+            self.on_decoded(DecodedChunk(chunk.index, frames, chunk.audio, times))
+
+    def _held_frames(self) -> np.ndarray:
+        """A not-finite chunk's frames: the last frame delivered, held for the chunk (black before any)."""
+        c = self.vae.cfg
+        if self._last_frame is None:
+            return np.zeros((c.temporal_factor, c.out_h, c.out_w, 3), dtype=np.uint8)
+        return np.repeat(self._last_frame[None], c.temporal_factor, axis=0)
