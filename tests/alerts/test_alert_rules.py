@@ -122,6 +122,9 @@ MUTATIONS = [
     ('{queue="waiting_for_worker"}) > 0', '{queue="waiting_for_worker"}) > 4'),
     ('and on (pool) sum by (pool) (vivant_operator_pool_workers{state="idle"}) > 0',
      'and on (pool) sum by (pool) (vivant_operator_pool_workers{state="idle"}) >= 0'),
+    ("numerical_faults_total[15m])) > 0", "numerical_faults_total[15m])) > 5"),
+    ("numerical_faults_total[15m])) > 0", "numerical_faults_total[15m])) >= 0"),
+    ("numerical_faults_total[15m])) > 0", "numerical_faults_total[5m])) > 0"),
 ]
 
 

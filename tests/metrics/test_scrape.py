@@ -53,6 +53,7 @@ def drive_worker(m: worker_metrics.WorkerMetrics) -> None:
     for stage, seconds in (("diffuse", 0.120), ("decode", 0.030), ("publish", 0.004), ("total", 0.150)):
         m.observe_chunk(stage, seconds)
     m.decoder_seconds(0.031)
+    m.numerical_fault()
     m.turn_latency(0.47)
     m.kernel_info("fused_gemm_all_reduce", 7)
     # a live session, and two finished ones (one met, one missed)

@@ -358,10 +358,19 @@ class TestFailures:
         wait_for("next session streams", lambda: (s := h.registry.session_stats("ns/s2")) and s.chunks >= 2)
 
     def test_numerical_fault_is_reported_while_streaming(self, make):
-        h = make(FaultyRunner()).start()
+        from prometheus_client import CollectorRegistry
+        from vivant.worker.serving.metrics import WorkerMetrics
+
+        prom = CollectorRegistry()
+        faults = "vivant_worker_numerical_faults_total"
+        h = make(FaultyRunner(), metrics=WorkerMetrics(pool=POOL, registry=prom))
+        assert prom.get_sample_value(faults, {"pool": POOL}) == 0.0, "no 0 before the first fault"
+        h.start()
         h.assign(assignment())
         stats = wait_for("fault reported", lambda: (s := h.registry.session_stats("ns/s1")) and s.numerical_fault and s)
         assert stats.phase == "Streaming", stats
+        wait_for("chunks after the fault", lambda: (s := h.registry.session_stats("ns/s1")) and s.chunks >= 5)
+        assert prom.get_sample_value(faults, {"pool": POOL}) == 1.0, "one faulted chunk (chunk 2), counted once"
 
 
 class PacedRunner(RecordingRunner):

@@ -20,6 +20,7 @@ Series (all prefixed `vivant_worker_`):
 | session_stalls_total | counter | pool, session | times the pacer ran dry (a frame was due, none ready) |
 | session_buffer_chunks | gauge | pool, session | chunks waiting in the pacer's buffer |
 | sessions_finished_total | counter | pool, result | finished sessions by SLO result: met, missed, short (streamed < 1 s, not counted) |
+| numerical_faults_total | counter | pool | chunks whose latents were not finite (NaN/Inf): the model restarted after each |
 | decoder_seconds | histogram | pool | VAE decode of one chunk on the decoder GPU |
 | turn_latency_seconds | histogram | pool | video pipeline's share of a conversational turn (audio in → first frame out) |
 | kernel_path_info | info | pool, path, flag_version | which kernel path is live and the flag version it came from |
@@ -126,6 +127,11 @@ class WorkerMetrics:
             "Finished sessions by SLO result (met/missed; short = streamed < 1 s, not counted).",
             ["pool", "result"], registry=r,
         )
+        self._faults = Counter(
+            "vivant_worker_numerical_faults",
+            "Chunks whose latents were not finite (NaN/Inf); the model's state restarted after each.",
+            ["pool"], registry=r,
+        )
         self._decoder = Histogram(
             "vivant_worker_decoder_seconds", "VAE decode of one chunk on the decoder GPU.",
             ["pool"], buckets=DECODER_BUCKETS, registry=r,
@@ -147,12 +153,17 @@ class WorkerMetrics:
             self._finished.labels(pool=self.pool, result=result)
         for stage in STAGES:
             self._chunk.labels(pool=self.pool, stage=stage)
+        self._faults.labels(pool=self.pool)  # a 0 before the first fault, so increase() counts the first one
 
     # -- per-chunk timings -------------------------------------------------------------------
     def observe_chunk(self, stage: str, seconds: float) -> None:
         if stage not in STAGES:
             raise ValueError(f"stage: expected one of {', '.join(STAGES)}, got {stage!r}")
         self._chunk.labels(pool=self.pool, stage=stage).observe(_duration("seconds", seconds))
+
+    def numerical_fault(self) -> None:
+        """One chunk with non-finite latents (the generator restarted its model state after it)."""
+        self._faults.labels(pool=self.pool).inc()
 
     def decoder_seconds(self, seconds: float) -> None:
         self._decoder.labels(pool=self.pool).observe(_duration("seconds", seconds))

@@ -369,6 +369,8 @@ class WorkerService:
                     self.metrics.stall(a.session_id)
             if self.realtime:
                 self.stop.wait(max(0.0, len(compute_ms) * chunk_s - done_at))
+            if report.numerical_fault and self.metrics is not None:
+                self.metrics.numerical_fault()
             if report.numerical_fault and not fault:
                 fault = True
                 log.error("worker %s: numerical fault (NaN/Inf) in session %s chunk %d", self.worker_id,
