@@ -42,6 +42,22 @@ def wait_for(what: str, cond, timeout: float = 60.0, every: float = 0.05):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def overflowing_checkpoint(folder: Path) -> Path:
+    """A tiny checkpoint that loads (finite values, checksum recorded) but whose output projection overflows float32:
+    every chunk's latents are Inf/NaN, the numerical fault a diverged or badly quantized model shows."""
+    import torch
+    from vivant.worker.model.config import ModelConfig
+    from vivant.worker.model.model import VideoDiT, init_random_
+    from vivant.worker.model.weights import save_weights
+
+    model = init_random_(VideoDiT(ModelConfig.from_name("tiny")), seed=0)
+    with torch.no_grad():
+        model.out.weight.fill_(3e38)
+    path = folder / "overflowing-tiny.safetensors"
+    save_weights(model, path)
+    return path
+
+
 def assignment(session_id: str, **over: object) -> Assignment:
     """What the operator sends a worker (sessions/models.py); `over` replaces fields (validated)."""
     body: dict = dict(session_id=session_id, namespace="ns", pool=POOL, character="ada", room="room-1",

@@ -15,14 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from conftest import CHART, RELEASE_NS, Kube, wait_for
 from vivant.devcluster.cluster import DEV_API_KEY, DEV_LIVEKIT_KEY, DEV_LIVEKIT_SECRET
 from vivant.sessions.flags import FlagStore
 from vivant.sessions.registry import Registry
-from vivant.worker.model.config import ModelConfig
-from vivant.worker.model.model import VideoDiT, init_random_
-from vivant.worker.model.weights import save_weights
+from worker_proc import overflowing_checkpoint
 
 CS = "charactersessions.vivant.dev"
 WP = "workerpools.vivant.dev"
@@ -131,17 +128,6 @@ def test_session_api_create_stream_delete(kube: Kube, vivant_release: str) -> No
         wait_for(lambda: st["worker"] in registry.idle_workers(f"{RELEASE_NS}/h100"), "the worker idle again", 30)
     finally:
         cleanup(kube, RELEASE_NS)
-
-
-def overflowing_checkpoint(folder: Path) -> Path:
-    """A tiny checkpoint that loads (finite values, checksum recorded) but whose output projection overflows float32:
-    every chunk's latents are Inf/NaN, the numerical fault a diverged or badly quantized model shows."""
-    model = init_random_(VideoDiT(ModelConfig.from_name("tiny")), seed=0)
-    with torch.no_grad():
-        model.out.weight.fill_(3e38)
-    path = folder / "overflowing-tiny.safetensors"
-    save_weights(model, path)
-    return path
 
 
 @pytest.mark.timeout(300)
