@@ -226,6 +226,10 @@ class CharacterSessionStatus(_StatusModel):
     avg_fps: Annotated[float, Field(ge=0)] | None = None
     stalls: Annotated[int, Field(ge=0)] | None = None
     chunk_p99_ms: Annotated[float, Field(ge=0)] | None = None
+    numerical_fault: bool | None = Field(
+        default=None, description="True once the worker made a chunk with NaN/Inf latents for this session (the model "
+        "restarted after it and the stream went on; a NumericalFault Event says when)."
+    )
     token_secret: Annotated[str, Field(max_length=253)] | None = Field(
         default=None, description="Name of the Secret holding the session's LiveKit token (never the token)."
     )

@@ -281,6 +281,12 @@ def progress_session(
     out = Outcome()
     if stats is not None:
         fields.update(avg_fps=round(stats.fps, 2), stalls=stats.stalls, chunk_p99_ms=round(stats.chunk_p99_ms, 2))
+        if stats.numerical_fault:
+            fields["numerical_fault"] = True
+            if not status.get("numericalFault"):  # once: the status remembers it was said
+                out.events.append(("Warning", "NumericalFault",
+                                   f"worker {worker} made a chunk with NaN/Inf latents; the model restarted after it "
+                                   "and the stream went on"))
         if stats.phase in _WORKER_REPORTED_PHASES:
             new_phase = r.SessionPhase(stats.phase)
         if new_phase == r.SessionPhase.STREAMING:

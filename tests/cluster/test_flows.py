@@ -183,8 +183,14 @@ def test_flags_set_mid_session_and_the_automatic_rollback(kube: Kube, vivant_rel
         assert status(kube, WP, "fused", ns)["flags"]["fusedGemmAllReduce"] is False
         stats = registry.session_stats(f"{ns}/s-fused")
         assert stats is not None and stats.numerical_fault, stats
-        # the faults cost chunks, not the session: the model restarts after each and the stream goes on
-        assert status(kube, CS, "s-fused", ns)["phase"] == "Streaming", status(kube, CS, "s-fused", ns)
+        # the faults cost chunks, not the session: the model restarts after each and the stream goes on; the
+        # session's status says it, and one Warning Event says when
+        shown = wait_for(lambda: (st := status(kube, CS, "s-fused", ns)).get("numericalFault") and st,
+                         "the session's numericalFault status", 30)
+        assert shown["phase"] == "Streaming", shown
+        events = json.loads(kube.kubectl("get", "events", "-n", ns, "--field-selector", "reason=NumericalFault",
+                                         "-o", "json").stdout)["items"]
+        assert [e for e in events if e["involvedObject"]["name"] == "s-fused" and e["type"] == "Warning"], events
         events = kube.kubectl("get", "events", "-n", ns, "--field-selector", "reason=FlagRolledBack", "-o", "json").stdout
         assert json.loads(events)["items"], "no FlagRolledBack Event"
     finally:

@@ -256,6 +256,27 @@ class TestAutoRollback:
         out = progress(registry, status, T0 + timedelta(seconds=3))
         assert (out.rollback is not None) == expect, out.rollback
 
+    @pytest.mark.parametrize("fused", [True, False])
+    def test_a_numerical_fault_shows_on_the_session_once(self, registry, fused):
+        """On either path the session's status says it (numericalFault) and one Warning Event says when; the next
+        steps repeat neither (level-triggered: the status remembers), and the session stays Streaming."""
+        add_workers(registry, 1)
+        status = assign(registry).status
+        report(registry, "Streaming", fps=24.0, streamed=2.0, fused=fused)
+        out = progress(registry, status, T0 + timedelta(seconds=2))
+        status = {**status, **out.status}
+        assert not status.get("numericalFault") and not [e for e in out.events if e[1] == "NumericalFault"]
+        report(registry, "Streaming", fps=24.0, streamed=3.0, fused=fused, fault=True)
+        out = progress(registry, status, T0 + timedelta(seconds=3))
+        status = {**status, **out.status}
+        assert status["numericalFault"] is True and status["phase"] == "Streaming", status
+        faults = [e for e in out.events if e[1] == "NumericalFault"]
+        assert len(faults) == 1 and faults[0][0] == "Warning" and "NaN/Inf" in faults[0][2], out.events
+        report(registry, "Streaming", fps=24.0, streamed=4.0, fused=fused, fault=True)
+        again = progress(registry, status, T0 + timedelta(seconds=4))
+        assert not [e for e in again.events if e[1] == "NumericalFault"], again.events
+        assert again.status.get("numericalFault", status["numericalFault"]) is True
+
     def test_not_on_the_unfused_path(self, registry):
         add_workers(registry, 1)
         status = assign(registry).status
