@@ -134,7 +134,8 @@ def test_session_api_create_stream_delete(kube: Kube, vivant_release: str) -> No
 def test_flags_set_mid_session_and_the_automatic_rollback(kube: Kube, vivant_release: str, namespace: str,
                                                           tmp_path: Path) -> None:
     """`vivant flags set` mid-session shows as FlagsMatchSpec=False/OverriddenOutsideSpec and reaches the worker;
-    a fused-path session that reports a numerical fault turns the flag off by itself (AutoRollback). The fps side of
+    a fused-path session that reports a numerical fault turns the flag off by itself (AutoRollback), shows the fault
+    on the session, and ends Failed when every chunk faults for 5 s of video. The fps side of
     the rollback (a session below 23.5 fps) is tested with reporting workers of a set fps on the same apiserver in
     test_operator_kopf.py: a real CPU worker's fps is the machine's speed, not something this test can choose."""
     ns = namespace
@@ -183,11 +184,12 @@ def test_flags_set_mid_session_and_the_automatic_rollback(kube: Kube, vivant_rel
         assert status(kube, WP, "fused", ns)["flags"]["fusedGemmAllReduce"] is False
         stats = registry.session_stats(f"{ns}/s-fused")
         assert stats is not None and stats.numerical_fault, stats
-        # the faults cost chunks, not the session: the model restarts after each and the stream goes on; the
-        # session's status says it, and one Warning Event says when
-        shown = wait_for(lambda: (st := status(kube, CS, "s-fused", ns)).get("numericalFault") and st,
-                         "the session's numericalFault status", 30)
-        assert shown["phase"] == "Streaming", shown
+        # the model restarts after each faulted chunk and the stream goes on, the session's status says so and one
+        # Warning Event says when; faults in every chunk for 5 s of video then end the session, naming the fault
+        wait_for(lambda: status(kube, CS, "s-fused", ns).get("numericalFault"), "the session's numericalFault status", 30)
+        final = wait_for(lambda: (st := status(kube, CS, "s-fused", ns)).get("phase") == "Failed" and st,
+                         "the session Failed by its faults", 60)
+        assert "numerical fault: 30 chunks in a row" in final["message"], final
         events = json.loads(kube.kubectl("get", "events", "-n", ns, "--field-selector", "reason=NumericalFault",
                                          "-o", "json").stdout)["items"]
         assert [e for e in events if e["involvedObject"]["name"] == "s-fused" and e["type"] == "Warning"], events

@@ -6,8 +6,8 @@ At 1 + 1, 2 + 1 and 4 + 1 ranks a session goes from the operator's claim to the 
 is flipped mid-session and every DiT rank switches at the same chunk (each rank's rank<r>.jsonl); the latents
 the decoder rank received at TP = 2 and 4 equal TP = 1's; a rank killed mid-session ends it with its reason
 within 10 s and leaks no lease; bad audio on rank 0 ends the session cleanly on every rank, which then serve
-the next session; numerical faults on every chunk cost chunks, not the session, on every rank; bad layouts are
-refused before anything is spawned.
+the next session; numerical faults on every chunk cost chunks on every rank in step, then end the session by
+themselves; bad layouts are refused before anything is spawned.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import av
 import numpy as np
 import pytest
 from vivant.sessions.flags import FlagStore
+from vivant.worker.serving.service import MAX_FAULTED_SECONDS
 from worker_proc import POOL, WorkerProcess, assignment, free_port, overflowing_checkpoint, wait_for
 
 FUSED, UNFUSED, NO_TP = "fused_gemm_all_reduce", "gemm_then_all_reduce", "no_tp"
@@ -284,30 +285,31 @@ def test_bad_audio_on_rank0_ends_the_session_cleanly_on_every_rank(redis_url, tm
     assert code == 0, f"bad input must not stop the worker (exit {code}):\n{w.log()[-3000:]}"
 
 
-def test_numerical_faults_cost_chunks_not_the_session_on_every_rank(redis_url, tmp_path):
+def test_numerical_faults_cost_chunks_on_every_rank_then_end_the_session(redis_url, tmp_path):
     """2 + 1 ranks on a checkpoint whose every chunk overflows: each DiT rank restarts its model state after each chunk
     at the same boundary (they run in step, or rank 0 would refuse them), the session's chunk count goes on on every
-    rank and on the decoder rank (which holds its last frame instead of decoding NaN), and the session streams until
-    the operator ends it, reporting the fault."""
+    rank and on the decoder rank (which holds its last frame instead of decoding NaN), and after 5 s of video made
+    of faulted chunks the session ends Failed by itself, naming the fault; the worker serves on."""
+    limit = round(MAX_FAULTED_SECONDS * 6)  # chunks: 1/6 s each
     w = WorkerProcess(redis_url, tmp_path, "--rank-timeout", RANK_TIMEOUT, "--runner", "pipeline",
                       "--checkpoint", str(overflowing_checkpoint(tmp_path)), worker_id="worker-nan", tp=2)
     try:
         w.wait_idle()
         w.assign("ns/nan")
-        streaming = w.streaming("ns/nan", CHUNKS)
-        assert streaming.numerical_fault, streaming
-        final = w.end("ns/nan")
+        final = w.ended("ns/nan")
         w.assert_released("ns/nan")
-        assert final.phase == "Ended" and final.end_reason == "Deleted" and final.numerical_fault, final
+        assert final.phase == "Failed" and final.numerical_fault and final.chunks == limit, final
+        assert final.end_reason.startswith(f"numerical fault: {limit} chunks in a row with NaN/Inf latents"), final
         for r in range(2):
             chunks = [e["chunk"] for e in w.trace("ns/nan", r) if e["event"] == "chunk"]
-            assert chunks == list(range(final.chunks)), f"rank {r} ran chunks {chunks}"
+            assert chunks == list(range(limit)), f"rank {r} ran chunks {chunks}"
         end = w.trace("ns/nan", 2)[-1]
-        assert end["error"] == "" and end["chunks"] == final.chunks, end
+        assert end["error"] == "" and end["chunks"] == limit, end
         with av.open(str(w.folder("ns/nan") / "video.mp4")) as f:
             frames = [fr.to_ndarray(format="rgb24") for fr in f.decode(video=0)]
-        assert len(frames) == 4 * final.chunks, f"{len(frames)} frames for {final.chunks} chunks of 4"
+        assert len(frames) == 4 * limit, f"{len(frames)} frames for {limit} chunks of 4"
         assert max(int(fr.max()) for fr in frames) <= 16, "a faulted chunk was decoded: expected held black frames"
+        wait_for("idle again", lambda: w.registry.idle_workers(POOL) == ["worker-nan"], 10)
     finally:
         code = w.stop()
     assert code == 0, f"numerical faults must not stop the worker (exit {code}):\n{w.log()[-3000:]}"

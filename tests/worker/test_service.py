@@ -16,7 +16,7 @@ from vivant.sessions.flags import FlagStore
 from vivant.sessions.models import Assignment, WorkerInfo
 from vivant.sessions.registry import Registry
 from vivant.worker.serving.runner import ChunkReport, PlayoutAccount
-from vivant.worker.serving.service import WorkerService
+from vivant.worker.serving.service import MAX_FAULTED_SECONDS, WorkerService
 
 POOL = "gpu-w"
 WID = "worker-0"
@@ -371,6 +371,49 @@ class TestFailures:
         assert stats.phase == "Streaming", stats
         wait_for("chunks after the fault", lambda: (s := h.registry.session_stats("ns/s1")) and s.chunks >= 5)
         assert prom.get_sample_value(faults, {"pool": POOL}) == 1.0, "one faulted chunk (chunk 2), counted once"
+
+
+class FaultsFromRunner(RecordingRunner):
+    """Every chunk from `start` on comes out with NaNs, until `cured` is set (e.g. the flag rollback took effect)."""
+
+    def __init__(self, start: int = 0) -> None:
+        super().__init__()
+        self.start, self.cured = start, threading.Event()
+
+    def step(self) -> ChunkReport:
+        r = super().step()
+        return ChunkReport(r.index, r.compute_ms, r.frames,
+                           numerical_fault=r.index >= self.start and not self.cured.is_set())
+
+
+class TestPersistentFaults:
+    def test_faults_in_every_chunk_for_the_limit_fail_the_session_and_the_worker_serves_on(self, make):
+        limit_chunks = round(MAX_FAULTED_SECONDS / RecordingRunner.chunk_seconds)  # 30
+        h = make(FaultsFromRunner(start=3)).start()
+        h.assign(assignment("ns/s1"))
+        final = wait_for("Failed", lambda: (s := h.registry.session_stats("ns/s1")) and s.phase == "Failed" and s)
+        assert final.chunks == 3 + limit_chunks and final.numerical_fault, final
+        assert final.end_reason.startswith(f"numerical fault: {limit_chunks} chunks in a row with NaN/Inf latents"), final
+        assert h.runner.ended == [final.end_reason], h.runner.ended
+        wait_for("idle after", lambda: h.registry.idle_workers(POOL) == [WID])
+        h.runner.start = 10**9  # the next session's chunks are clean: the worker was not marked broken
+        h.assign(assignment("ns/s2"))
+        wait_for("next session streams", lambda: (s := h.registry.session_stats("ns/s2")) and s.chunks >= 2)
+
+    def test_faults_that_stop_before_the_limit_cost_nothing_more(self, make):
+        runner = FaultsFromRunner(start=0)
+        h = make(runner, max_faulted_s=2.0).start()
+        h.assign(assignment())
+        wait_for("faults", lambda: len(runner.chunks) >= 6)  # 1 s of faulted video, under the 2 s limit
+        runner.cured.set()
+        wait_for("streams on", lambda: len(runner.chunks) >= 40)  # far past 2 s of video in all
+        stats = h.registry.session_stats("ns/s1")
+        assert stats.phase == "Streaming" and stats.numerical_fault, stats
+
+    @pytest.mark.parametrize("bad", [0, -1.0, float("nan"), "5"])
+    def test_the_limit_must_be_positive_seconds(self, make, bad):
+        with pytest.raises(ValueError, match="max_faulted_s: expected seconds > 0"):
+            make(max_faulted_s=bad)
 
 
 class PacedRunner(RecordingRunner):

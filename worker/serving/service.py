@@ -11,6 +11,10 @@ Per session the loop is, chunk by chunk (one chunk = `frames_per_chunk` frames, 
   2. flags changed? (one GET of the pool's flag version) -> apply them to the runner, BETWEEN chunks
   3. run one chunk; record which flag version it ran under
   4. every `stats_interval_s`: report SessionStats (phase, fps, stalls, chunk p99 ms, streamed s)
+A chunk with NaN/Inf latents (a numerical fault) is reported at once and counted; the runner has already restarted
+the model's state, so the session goes on. Faults in every chunk for `max_faulted_s` of video mean this worker's
+model cannot recover (a bad checkpoint, a broken kernel path): the session ends Failed, "numerical fault: …",
+instead of showing a held frame for ever.
 Between sessions the runner is ticked (`idle`) once per inbox poll. A heartbeat thread keeps the lease alive.
 When Redis is unreachable the session keeps streaming (every registry call is allowed to fail); when Redis
 comes back the heartbeat finds the worker unknown and re-registers it together with the session it is
@@ -56,6 +60,11 @@ from vivant.worker.serving.runner import (
 )
 
 log = logging.getLogger(__name__)
+
+# Seconds of video made of consecutive faulted chunks after which a session ends Failed (30 chunks at 24 fps): long
+# enough for the operator's rollback of the fused path to reach the worker (its next chunk boundary), short enough
+# that a viewer is not left on a frozen frame.
+MAX_FAULTED_SECONDS = 5.0
 T = TypeVar("T")
 
 
@@ -89,7 +98,10 @@ class WorkerService:
     def __init__(self, registry: Registry, flags: FlagStore, info: WorkerInfo,
                  runner: SessionRunner | Callable[[], SessionRunner], *,
                  poll_s: float = 1.0, stats_interval_s: float = 1.0, realtime: bool = False,
-                 buffer_chunks: int = 2, metrics: WorkerMetrics | None = None) -> None:
+                 buffer_chunks: int = 2, metrics: WorkerMetrics | None = None,
+                 max_faulted_s: float = MAX_FAULTED_SECONDS) -> None:
+        if not isinstance(max_faulted_s, int | float) or not max_faulted_s > 0:
+            raise ValueError(f"max_faulted_s: expected seconds > 0, got {max_faulted_s!r}")
         self.registry = registry
         self.flag_store = flags
         self.watcher = FlagWatcher(flags, info.pool)
@@ -103,6 +115,7 @@ class WorkerService:
         self.realtime = realtime
         self.buffer_chunks = buffer_chunks
         self.metrics = metrics
+        self.max_faulted_s = float(max_faulted_s)
         self.stop = threading.Event()
         self.chunk_log: deque[ChunkRecord] = deque(maxlen=100_000)
         self.sessions_done: list[SessionStats] = []
@@ -319,6 +332,7 @@ class WorkerService:
         compute_ms: list[float] = []
         frames = stalls = 0
         fault = False
+        faulted = 0  # consecutive chunks with non-finite latents
         reason = ""
         while True:
             elapsed = time.monotonic() - t0
@@ -375,6 +389,13 @@ class WorkerService:
                 fault = True
                 log.error("worker %s: numerical fault (NaN/Inf) in session %s chunk %d", self.worker_id,
                           a.session_id, report.index)
+            faulted = faulted + 1 if report.numerical_fault else 0
+            if faulted * chunk_s >= self.max_faulted_s - 1e-9:
+                phase = "Failed"
+                reason = (f"numerical fault: {faulted} chunks in a row with NaN/Inf latents ({faulted * chunk_s:.1f} s "
+                          "of video); the model does not recover on this worker")
+                log.error("worker %s: session %s: %s", self.worker_id, a.session_id, reason)
+                break
             now = time.monotonic()
             if now - last_report >= self.stats_interval_s or (fault and report.numerical_fault):
                 stats = self._stats(a, "Streaming", clock, frames, stalls, compute_ms, version, flags, fault, None)
