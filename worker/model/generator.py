@@ -243,7 +243,8 @@ class ChunkGenerator:
     @torch.no_grad()
     def generate_chunk(self, audio: np.ndarray | torch.Tensor, sample_rate: int) -> ChunkOutput:
         """Chunk `chunk` from its audio: the passes, then the next chunk's host inputs (`host_inputs`) while the
-        device still runs them, then one wait for the device; a non-finite result resets the session's state."""
+        device still runs them, then one wait for the device; a non-finite result restarts the model's state at the next
+        chunk (module docstring)."""
         cfg, n, dev = self.cfg, self.chunk, self.device
         m = n - self.origin  # the model's chunk (the session's since its start or its last numerical fault)
         t0 = time.perf_counter()
