@@ -48,3 +48,31 @@ def test_warmed_generator_captures_no_graph_in_its_first_session_and_matches_a_c
     want = _session(cold, chunks)
     err = float((got.float() - want.float()).norm() / want.float().norm())
     assert err < 1e-3, f"a warmed generator's session differs from a cold one's: relative RMS {err:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_numerical_fault_restarts_the_served_engine_on_the_warmed_graphs():
+    """The fast engine on CUDA graphs: a chunk made non-finite restarts the model's state at the next chunk (the
+    session's count goes on), replaying the graphs the warm-up captured, and that chunk equals a fresh session's
+    chunk 0 given the same audio."""
+    gen = build_generator(CFG, device="cuda", engine=EngineName.FAST, seed=1)
+    gen.warm_up()
+    graphs = dict(gen.engine._graphs)
+    featurize = gen.featurize
+    gen.featurize = lambda audio, rate: featurize(audio, rate) * (float("inf") if gen.chunk == 2 else 1.0)
+    gen.reset_session(3)
+    rng = np.random.default_rng(0)
+    audio = []
+    for n in range(5):
+        a, b = CFG.chunk_sample_range(n)
+        audio.append(rng.standard_normal(b - a).astype(np.float32) * 0.1)
+    outs = [gen.generate_chunk(x, CFG.audio_sample_rate) for x in audio]
+    finite = [bool(torch.isfinite(o.latents).all()) for o in outs]
+    assert finite == [True, True, False, True, True] and [o.index for o in outs] == list(range(5)), finite
+    assert gen.chunk == 5 and gen.origin == 3 and gen.engine._graphs.keys() == graphs.keys()
+    fresh = build_generator(CFG, device="cuda", engine=EngineName.FAST, seed=1)
+    fresh.reset_session(3)
+    want = fresh.generate_chunk(audio[3], CFG.audio_sample_rate).latents
+    err = float((outs[3].latents.float() - want.float()).norm() / want.float().norm())
+    assert err < 1e-3, f"the chunk after the fault differs from a fresh session's chunk 0: relative RMS {err:.2e}"

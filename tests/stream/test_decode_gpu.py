@@ -42,6 +42,26 @@ def test_decoder_stage_hands_over_cuda_latents_in_order():
         assert np.abs(chunk.frames.astype(int) - ref.astype(int)).max() <= 1, f"chunk {n} differs"
 
 
+def test_decoder_stage_holds_a_non_finite_chunk_on_cuda():
+    """The CUDA branch of the stage's check: a NaN chunk handed over from the generator's GPU is not decoded (its
+    frames hold the last one), and the chunks after it equal a fresh decoder's."""
+    devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    vae = build_vae_decoder("tiny", device=devices[-1], dtype=torch.bfloat16)
+    lat = [torch.randn(16, 8, 12, device=devices[0]) for _ in range(5)]
+    lat[2][0, 0, 0] = float("nan")
+    out = []
+    stage = DecoderStage(vae, out.append).start()
+    for n, x in enumerate(lat):
+        stage.submit(LatentChunk(n, x * 1.0, np.zeros(2666 + (n % 3 == 2), np.float32)))
+    stage.close()
+    assert [c.index for c in out] == list(range(5)) and stage.nonfinite_chunks == [2], stage.nonfinite_chunks
+    assert all(np.array_equal(f, out[1].frames[-1]) for f in out[2].frames), "the faulted chunk did not hold"
+    fresh = vae.new_cache()
+    for n in (3, 4):
+        ref = vae.decode_chunk(lat[n].to(devices[-1]), fresh).cpu().numpy()
+        assert np.abs(out[n].frames.astype(int) - ref.astype(int)).max() <= 1, f"chunk {n} differs from a fresh decode"
+
+
 def test_bench_decode_57b_on_cuda(capsys):
     assert main(["bench", "decode", "--preset", "57b", "--device", "cuda", "--chunks", "10", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
