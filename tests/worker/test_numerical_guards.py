@@ -68,6 +68,7 @@ def test_a_non_finite_chunk_resets_the_session_state_instead_of_poisoning_it() -
         outs.append(gen.generate_chunk(speech(n, 0.1), CFG.audio_sample_rate))
         poisoned_once.done = poisoned_once.done or not finite(outs[-1])
     assert [finite(o) for o in outs] == [True, True, False, True, True, True], [finite(o) for o in outs]
+    assert [o.finite for o in outs] == [finite(o) for o in outs], "ChunkOutput.finite disagrees with the latents"
     # the model restarted from a clean state: the chunk after the fault is chunk 0 of a fresh session
     fresh = ChunkGenerator(CFG, seed=3).generate_chunk(speech(3, 0.1), CFG.audio_sample_rate)
     assert torch.equal(outs[3].latents, fresh.latents)

@@ -67,6 +67,7 @@ class ChunkOutput:
     timings_ms: dict[str, float] = field(default_factory=dict)
     position_t: int = 0  # the chunk's temporal index in the position frame
     reset: bool = False  # a position reset happened before this chunk
+    finite: bool = True  # False: the latents hold NaN/Inf (a numerical fault; the model restarts at the next chunk)
 
 
 class ChunkGenerator:
@@ -286,11 +287,12 @@ class ChunkGenerator:
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         t1 = time.perf_counter()
-        if not bool(finite):
+        finite = bool(finite)
+        if not finite:
             # NaN/Inf reached the cache: every later chunk would attend it. Start the model's state afresh
             # (cache cleared, positions from 0) at the next chunk; this chunk is reported as it is (a numerical
             # fault) and the session's chunk count goes on.
             self._restart(self.seed, n + 1)
-        return ChunkOutput(index=n, latents=x, position_t=inputs.pos_t, reset=reset,
+        return ChunkOutput(index=n, latents=x, position_t=inputs.pos_t, reset=reset, finite=finite,
                            timings_ms={"total": (t1 - t0) * 1e3, "reset": (t_cache - t0) * 1e3,
                                        "passes": (t1 - t_cache) * 1e3, "host_launch": (t_launched - t0) * 1e3})

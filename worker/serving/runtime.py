@@ -251,8 +251,7 @@ class RankRuntime:
         self._diffuse_ms = (self._diffuse_ms + [ms])[-8:]
         self._trace.write(event="chunk", session=self.sessions, chunk=n, path=self.kernel_path.value,
                           diffuse_ms=round(ms, 3), speech_samples=chunk.speech_samples)
-        fault = not bool(np.isfinite(out.latents.cpu().numpy()).all())
-        return ChunkReport(index=n, compute_ms=ms, frames=self.frames_per_chunk, numerical_fault=fault)
+        return ChunkReport(index=n, compute_ms=ms, frames=self.frames_per_chunk, numerical_fault=not out.finite)
 
     @property
     def audio_in(self) -> AudioInput | None:
