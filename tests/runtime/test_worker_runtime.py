@@ -303,8 +303,11 @@ def test_numerical_faults_cost_chunks_on_every_rank_then_end_the_session(redis_u
         for r in range(2):
             chunks = [e["chunk"] for e in w.trace("ns/nan", r) if e["event"] == "chunk"]
             assert chunks == list(range(limit)), f"rank {r} ran chunks {chunks}"
-        end = w.trace("ns/nan", 2)[-1]
+        decoder = w.trace("ns/nan", 2)
+        end = decoder[-1]
         assert end["error"] == "" and end["chunks"] == limit, end
+        flags = [e["finite"] for e in decoder if e["event"] == "chunk"]
+        assert flags == [False] * limit, f"the generator's fault flag did not reach the decoder rank: {flags}"
         with av.open(str(w.folder("ns/nan") / "video.mp4")) as f:
             frames = [fr.to_ndarray(format="rgb24") for fr in f.decode(video=0)]
         assert len(frames) == 4 * limit, f"{len(frames)} frames for {limit} chunks of 4"

@@ -43,8 +43,8 @@ def test_decoder_stage_hands_over_cuda_latents_in_order():
 
 
 def test_decoder_stage_holds_a_non_finite_chunk_on_cuda():
-    """The CUDA branch of the stage's check: a NaN chunk handed over from the generator's GPU is not decoded (its
-    frames hold the last one), and the chunks after it equal a fresh decoder's."""
+    """The CUDA branch: a NaN chunk flagged by the generator and handed over from its GPU is not decoded (its frames
+    hold the last one; its copy is waited for), and the chunks after it equal a fresh decoder's."""
     devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
     vae = build_vae_decoder("tiny", device=devices[-1], dtype=torch.bfloat16)
     lat = [torch.randn(16, 8, 12, device=devices[0]) for _ in range(5)]
@@ -52,7 +52,7 @@ def test_decoder_stage_holds_a_non_finite_chunk_on_cuda():
     out = []
     stage = DecoderStage(vae, out.append).start()
     for n, x in enumerate(lat):
-        stage.submit(LatentChunk(n, x * 1.0, np.zeros(2666 + (n % 3 == 2), np.float32)))
+        stage.submit(LatentChunk(n, x * 1.0, np.zeros(2666 + (n % 3 == 2), np.float32), finite=n != 2))
     stage.close()
     assert [c.index for c in out] == list(range(5)) and stage.nonfinite_chunks == [2], stage.nonfinite_chunks
     assert all(np.array_equal(f, out[1].frames[-1]) for f in out[2].frames), "the faulted chunk did not hold"

@@ -1,5 +1,5 @@
-"""A chunk whose latents are not finite (the generator's numerical fault) on the decoder stage, on CPU with the `tiny`
-VAE: it is not decoded (its causal state would turn every later frame black: a NaN chunk decoded into the cache made
+"""A chunk whose latents are not finite (the generator's numerical fault, flagged by it) on the decoder stage, on CPU
+with the `tiny` VAE: it is not decoded (its causal state would turn every later frame black: a NaN chunk decoded into the cache made
 the next chunks constant), its frames hold the last frame delivered, and the decoder restarts with the generator, so
 the chunks after it equal a fresh decoder's, frame for frame."""
 
@@ -38,7 +38,9 @@ def decode(vae, latents: list[torch.Tensor], rewind: tuple[int, list[torch.Tenso
     a, b = CFG.chunk_sample_range(0)
 
     def submit(n: int, x: torch.Tensor) -> None:
-        stage.submit(LatentChunk(n, x, np.zeros(b - a, np.float32), {"audio_taken": time.monotonic()}))
+        # the producer's flag, as the generator sets it from its own check (ChunkOutput.finite)
+        stage.submit(LatentChunk(n, x, np.zeros(b - a, np.float32), {"audio_taken": time.monotonic()},
+                                 finite=bool(torch.isfinite(x).all())))
 
     for n, x in enumerate(latents):
         submit(n, x)

@@ -173,7 +173,7 @@ class DecoderRank:
             if self.folder is not None:
                 np.save(self.folder / "latents" / f"chunk_{m.chunk:05d}.npy", m.latents.cpu().numpy())
             chunk = LatentChunk(m.chunk, m.latents.to(self.device), m.pcm,
-                                {"audio_taken": m.times[0], "diffused": m.times[1]})
+                                {"audio_taken": m.times[0], "diffused": m.times[1]}, finite=m.finite)
             if self.playout is not None:
                 self.playout.wait_lead(m.chunk)
                 if self.playout.failed is not None:
@@ -186,7 +186,7 @@ class DecoderRank:
                 self.meta[m.chunk] = ChunkMeta(m.chunk, m.speech_samples, m.ends_segment, m.clear_epoch)
                 self.stage.submit(chunk)
             self.chunks += 1
-            self.trace.write(event="chunk", session=m.session, chunk=m.chunk)
+            self.trace.write(event="chunk", session=m.session, chunk=m.chunk, finite=m.finite)
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
 

@@ -244,7 +244,7 @@ class RankRuntime:
             ms = (time.perf_counter() - t0) * 1e3
             self.link.send_chunk(self.sessions, n, out.latents, pcm, (t_taken, time.monotonic()),
                                  speech_samples=chunk.speech_samples, ends_segment=ends_segment,
-                                 clear_epoch=clear_epoch)
+                                 clear_epoch=clear_epoch, finite=out.finite)
             return out, ms
 
         out, ms = self._collective(run)

@@ -383,13 +383,13 @@ class WorkerService:
                     self.metrics.stall(a.session_id)
             if self.realtime:
                 self.stop.wait(max(0.0, len(compute_ms) * chunk_s - done_at))
-            if report.numerical_fault and self.metrics is not None:
+            faulted = faulted + 1 if report.numerical_fault else 0
+            if faulted and self.metrics is not None:
                 self.metrics.numerical_fault()
-            if report.numerical_fault and not fault:
+            if faulted and not fault:
                 fault = True
                 log.error("worker %s: numerical fault (NaN/Inf) in session %s chunk %d", self.worker_id,
                           a.session_id, report.index)
-            faulted = faulted + 1 if report.numerical_fault else 0
             if faulted * chunk_s >= self.max_faulted_s - 1e-9:
                 phase = "Failed"
                 reason = (f"numerical fault: {faulted} chunks in a row with NaN/Inf latents ({faulted * chunk_s:.1f} s "

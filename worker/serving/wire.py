@@ -8,7 +8,10 @@ knows what comes next and every rank issues the same collectives in the same ord
         the session's id); for CHUNK, PCM float32 [max_samples]
     link (rank 0 → the decoder rank, point to point), int64 [8]:
         [op, session, chunk, samples, payload bytes, speech samples, ends segment, 0]  then, for BEGIN and END,
-        the payload (uint8, JSON: the session; the end reason); for CHUNK, times float64 [2] (audio taken,
+        the payload (uint8, JSON: the session; the end reason); CHUNK: [CHUNK, session, chunk, samples, not finite,
+        speech samples, ends segment, clear epoch] (not finite 1: the generator found NaN/Inf in the latents, so the
+        decoder holds its last frame instead of decoding them; clear epoch: the interrupts rank 0 had applied), then
+        times float64 [2] (audio taken,
         diffused: CLOCK_MONOTONIC seconds, shared by the processes of one host), latents float32 [C, h, w],
         PCM float32 [max_samples]; speech samples and "ends segment" say what the chunk's audio is (the LiveKit
         output publishes speech and marks a segment's end); REWIND: [REWIND, session, next chunk, lead µs, oldest,
@@ -127,6 +130,7 @@ class LinkMessage:
     speech_samples: int = 0  # CHUNK: samples of speech in pcm (the rest is silence)
     ends_segment: bool = False  # CHUNK: the last chunk of a finished speech segment
     clear_epoch: int = 0  # CHUNK: interrupts (lk.clear_buffer) rank 0 had applied when it took the chunk's audio
+    finite: bool = True  # CHUNK: False when the generator found NaN/Inf in the latents (a numerical fault)
     lead_s: float = 0.0  # REWIND: keep the chunks due within this many seconds (the pipeline's time to make one)
     oldest: int = 0  # REWIND: the earliest chunk rank 0 can rewind to (its undo logs' depth)
     interrupt: bool = False  # REWIND: an interrupt's splice (the speech stops at the cut), not a turn start's
@@ -186,14 +190,15 @@ class DecoderLink:
 
     def send_chunk(self, session: int, index: int, latents: torch.Tensor, pcm: np.ndarray,
                    times: tuple[float, float], *, speech_samples: int = 0, ends_segment: bool = False,
-                   clear_epoch: int = 0) -> None:
+                   clear_epoch: int = 0, finite: bool = True) -> None:
         if tuple(latents.shape) != self.shape:
             raise ValueError(f"latents: expected shape {list(self.shape)}, got {list(latents.shape)}")
         if len(pcm) > self.max_samples:
             raise ValueError(f"pcm: expected at most {self.max_samples} samples, got {len(pcm)}")
         audio = torch.zeros(self.max_samples, dtype=torch.float32)
         audio[: len(pcm)] = torch.from_numpy(np.ascontiguousarray(pcm, dtype=np.float32))
-        word = self._word(Op.CHUNK, session, index, len(pcm), 0, speech_samples, int(ends_segment), clear_epoch)
+        word = self._word(Op.CHUNK, session, index, len(pcm), int(not finite), speech_samples, int(ends_segment),
+                          clear_epoch)
         self._send([word, torch.tensor(times, dtype=torch.float64),
                     latents.detach().to(torch.float32).contiguous(), audio], wait=False)
 
@@ -249,7 +254,7 @@ class DecoderLink:
             t_taken, t_diffused = times.tolist()
             return LinkMessage(op, session, chunk, latents=latents, pcm=audio[:samples].cpu().numpy().copy(),
                                times=(t_taken, t_diffused), speech_samples=speech, ends_segment=bool(ends),
-                               clear_epoch=epoch)
+                               clear_epoch=epoch, finite=not payload_len)
         if op is Op.REWIND:
             return LinkMessage(op, session, chunk, lead_s=samples / 1e6, oldest=payload_len, interrupt=bool(speech),
                                next_chunk_s=ends / 1e6)

@@ -23,8 +23,9 @@ last `rewind_chunks` decoded chunks. A decode finishes and delivers under the st
 delivery in progress (at most until the pacer has room for it) and a chunk decoded while the rewind came is
 discarded by its epoch.
 
-A chunk whose latents are not finite (the generator's numerical fault, after which it restarts its model state) is
-not decoded: its causal state would make every later frame NaN (black) for the rest of the session. Its frames hold
+A chunk whose latents are not finite (`LatentChunk.finite` False: the generator found it, once, on its device, and
+restarts its model state) is not decoded: its causal state would make every later frame NaN (black) for the rest of
+the session. Its frames hold
 the last frame delivered (black before any), and the decoder restarts with the generator: a fresh causal state for
 the next chunk (`nonfinite_chunks` lists them).
 
@@ -53,6 +54,7 @@ class LatentChunk:
     latents: torch.Tensor  # [C, h, w]
     audio: np.ndarray  # the chunk's PCM (float32), carried along for playout
     times: dict[str, float] = field(default_factory=dict)  # wall timestamps (s) of earlier stages
+    finite: bool = True  # False: the generator found NaN/Inf in the latents (not decoded; the last frame is held)
 
 
 @dataclass
@@ -213,7 +215,7 @@ class DecoderStage:
                 ready = torch.cuda.Event()
                 ready.record(stream)
             chunk.latents.record_stream(stream)
-        moved = LatentChunk(chunk.index, latents, chunk.audio, dict(chunk.times))
+        moved = LatentChunk(chunk.index, latents, chunk.audio, dict(chunk.times), chunk.finite)
         return _Handoff(moved, ready)
 
     def _run(self) -> None:
@@ -246,15 +248,16 @@ class DecoderStage:
             self._inflight = chunk.index
         t_start = self.now()
         t = time.perf_counter()
-        host = None
-        if self._decode_stream is not None:
+        host = None  # a chunk that is not finite is not decoded: held frames below
+        if chunk.finite and self._decode_stream is not None:
             with torch.cuda.stream(self._decode_stream):
                 if item.ready is not None:
                     self._decode_stream.wait_event(item.ready)
-                if bool(torch.isfinite(chunk.latents).all()):
-                    host = self.vae.decode_chunk(chunk.latents, cache).to("cpu", non_blocking=False)
-        elif bool(torch.isfinite(chunk.latents).all()):
+                host = self.vae.decode_chunk(chunk.latents, cache).to("cpu", non_blocking=False)
+        elif chunk.finite:
             host = self.vae.decode_chunk(chunk.latents, cache)
+        elif item.ready is not None:
+            item.ready.synchronize()  # not decoded: the copy must still end before its memory can be reused
         frames = host.numpy() if host is not None else self._held_frames()
         ms = (time.perf_counter() - t) * 1e3
         times = dict(chunk.times)

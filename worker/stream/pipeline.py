@@ -47,7 +47,8 @@ __all__ = ["StreamPipeline", "StreamReport", "TurnTrace", "percentiles"]
 
 
 class StreamPipeline:
-    """One session's loop. `generator` needs `generate_chunk(audio, sample_rate) -> obj with .latents`
+    """One session's loop. `generator` needs `generate_chunk(audio, sample_rate) -> obj with .latents` (and
+    `.finite`, False for latents with NaN/Inf, if it checks them: the decoder then holds its last frame)
     and a `cfg` (ModelConfig: fps, frames_per_chunk, audio_sample_rate, chunk_sample_range)."""
 
     def __init__(self, generator, vae: VAEDecoder, sinks: list[FrameSink], audio_in: AudioInput | None = None,
@@ -162,7 +163,8 @@ class StreamPipeline:
         self.playout.observe_diffuse(self.diffuse_ms[-1] / 1e3)
         t_diffused = self.clock.now()
         self.playout.record_turns(audio.turns, t_diffused)
-        self.playout.submit(LatentChunk(n, out.latents, audio.samples, {"audio_taken": t_taken, "diffused": t_diffused}))
+        self.playout.submit(LatentChunk(n, out.latents, audio.samples, {"audio_taken": t_taken, "diffused": t_diffused},
+                                        finite=getattr(out, "finite", True)))
         self._next = n + 1
         if self.metrics is not None:
             self.metrics.observe_chunk("diffuse", self.diffuse_ms[-1] / 1e3)
