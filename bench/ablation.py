@@ -10,6 +10,8 @@ rank's bf16 weights, the bf16-GEMM row and the baseline run those bf16 weights t
   whole_window    cache_policy = whole_window: the window kept un-rotated, re-rotated and re-quantized on every
                   attention call (compiled)
   bf16_gemm       gemm = bf16: bf16 GEMMs, the norm/modulation and SwiGLU compiled with bf16 output
+  residual_after_gemm  residual_in_gemm = False: the O and down GEMMs write their product and the fused residual
+                  kernel adds it (instead of the GEMMs' epilogue adding the residual, the gate in their scales)
   unfused_norm    fused_norm = False: residual, LayerNorm, modulation, SwiGLU as torch ops, then quant_rows
   no_cuda_graphs  cuda_graphs = False: every pass launched eagerly
   no_split_kv     kv_splits = 1: one attention call over all slots
@@ -42,12 +44,14 @@ from vivant.worker.model.fast_parts import auto_kv_splits, install_parts
 from vivant.worker.model.generator import ChunkGenerator
 from vivant.worker.model.options import CacheMode, CachePolicy, EngineOptions, GemmAlgorithms, GemmPrecision
 
-ROWS = ("baseline", "optimized", "whole_window", "bf16_gemm", "heuristic_gemm", "unfused_norm", "no_cuda_graphs",
-        "no_split_kv")
+ROWS = ("baseline", "optimized", "whole_window", "bf16_gemm", "heuristic_gemm", "residual_after_gemm", "unfused_norm",
+        "no_cuda_graphs", "no_split_kv")
 UNDONE = {"baseline": "everything: eager float parts, per-call whole-cache work", "optimized": "nothing",
           "whole_window": "the ring (whole-window re-rotation + re-quantization per call)",
           "bf16_gemm": "FP8 GEMMs (bf16 GEMMs)",
           "heuristic_gemm": "the tuned cuBLASLt algorithms (each GEMM takes the heuristic's first answer)",
+          "residual_after_gemm": "the residual add in the O/down GEMMs' epilogue (the GEMM writes its product, the "
+                                 "fused residual kernel adds it)",
           "unfused_norm": "the fused norm/modulation/quantization kernels",
           "no_cuda_graphs": "CUDA graphs", "no_split_kv": "split-KV attention (kv_splits = 1)"}
 
@@ -69,6 +73,7 @@ def variant_options(optimized: EngineOptions) -> dict[str, EngineOptions | None]
             "whole_window": optimized.replace(cache_policy=CachePolicy.WHOLE_WINDOW),
             "bf16_gemm": optimized.replace(gemm=GemmPrecision.BF16),
             "heuristic_gemm": optimized.replace(gemm_algorithms=GemmAlgorithms.HEURISTIC),
+            "residual_after_gemm": optimized.replace(residual_in_gemm=False),
             "unfused_norm": optimized.replace(fused_norm=False),
             "no_cuda_graphs": optimized.replace(cuda_graphs=False),
             "no_split_kv": optimized.replace(kv_splits=1)}
@@ -79,7 +84,8 @@ def _options_json(o: EngineOptions | None) -> dict | None:
         return None
     return {"attention": o.attention.value, "kv_splits": o.kv_splits, "fast_accum": o.fast_accum,
             "cuda_graphs": o.cuda_graphs, "ring": o.ring.value, "gemm": o.gemm.value, "fused_norm": o.fused_norm,
-            "cache_policy": o.cache_policy.value, "gemm_algorithms": o.gemm_algorithms.value}
+            "cache_policy": o.cache_policy.value, "gemm_algorithms": o.gemm_algorithms.value,
+            "residual_in_gemm": o.residual_in_gemm}
 
 
 def _free(device: torch.device) -> None:

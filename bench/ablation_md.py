@@ -18,10 +18,11 @@ from pathlib import Path
 LABELS = {"baseline": "eager baseline (float parts, per-call whole-cache work)", "optimized": "**optimized (served)**",
           "whole_window": "whole-window cache policy instead of the ring", "bf16_gemm": "bf16 GEMMs instead of FP8",
           "heuristic_gemm": "cuBLASLt's heuristic GEMM algorithms instead of the tuned ones",
+          "residual_after_gemm": "residual added after the O/down GEMMs instead of in their epilogue",
           "unfused_norm": "unfused norm / modulation / quantization", "no_cuda_graphs": "no CUDA graphs",
           "no_split_kv": "no split-KV attention (kv_splits = 1)"}
 CHOICES = (("whole_window", "the ring"), ("bf16_gemm", "FP8 GEMMs"), ("heuristic_gemm", "the tuned GEMM algorithms"),
-           ("unfused_norm", "the fused kernels"),
+           ("residual_after_gemm", "the residual in the GEMM epilogue"), ("unfused_norm", "the fused kernels"),
            ("no_cuda_graphs", "CUDA graphs"), ("no_split_kv", "split-KV attention"))
 
 

@@ -156,7 +156,19 @@ def profile_chunks(gen, cfg, start, n=2) -> dict:
     top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:25]
     return {"kernel_events": count, "ms_per_chunk_by_category": cats,
             "top_kernels_ms_per_chunk": {k: {"calls_per_chunk": v[0] / n, "ms": v[1]} for k, v in top},
-            "gaps": device_gaps(spans, n)}
+            "gaps": device_gaps(spans, n), "memset_neighbours": memset_neighbours(spans)}
+
+
+def memset_neighbours(spans: list[tuple[float, float, str]]) -> dict[str, int]:
+    """Which device events come just before and just after each memset (the graph's memset nodes have no
+    name of their own): "before → after" → count over the profiled chunks."""
+    spans = sorted(spans)
+    out: dict[str, int] = {}
+    for i, (_, _, name) in enumerate(spans):
+        if name.startswith("Memset") and 0 < i < len(spans) - 1:
+            k = f"{spans[i - 1][2]} → {spans[i + 1][2]}"
+            out[k] = out.get(k, 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: -kv[1])[:8])
 
 
 def device_gaps(spans: list[tuple[float, float, str]], chunks: int) -> dict:

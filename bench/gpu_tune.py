@@ -17,6 +17,7 @@ python bench/gpu_tune.py --out OUT/tune.json [--parts kernels,small,split,launch
    Part `fp8_attn` (bench/gpu_cudnn_probe.py): cuDNN's FP8 flash attention against the bf16 call;
    `cudnn_plans` / `cudnn_gemm`: every cuDNN plan and knob for the bf16 attention call and the QKV FP8 GEMM.
    Part `persist` (bench/gpu_persistent_rows_probe.py): persistent residual/SwiGLU row kernels with prefetch.
+   Part `fold` (bench/gpu_residual_fold_probe.py): the gated residual add in the O/down GEMM's epilogue.
 2. The whole step, several engine variants (EngineOptions) on the same FP8 weights (A/B/A order in one process):
    median ms per chunk,
    and a CUDA-kernel profile (torch.profiler) grouped into GEMMs / attention / fused kernels / other, with the
@@ -460,6 +461,7 @@ def main() -> None:
     from vivant.bench import gpu_cudnn_probe as cudnn_probe
     from vivant.bench import gpu_gemm_probe as gemm_probe
     from vivant.bench import gpu_persistent_rows_probe as prp
+    from vivant.bench import gpu_residual_fold_probe as fold_probe
     from vivant.bench import gpu_row_probes as rp
 
     for part, name, probe in (("persist", "persistent_rows", prp.probe_persistent_rows),
@@ -472,7 +474,8 @@ def main() -> None:
                               ("fp8_attn", "fp8_attention", cudnn_probe.probe_fp8_attention),
                               ("cudnn_plans", "cudnn_plans", cudnn_probe.probe_cudnn_plans),
                               ("cudnn_gemm", "cudnn_gemm", cudnn_probe.probe_cudnn_gemm),
-                              ("cublaslt", "cublaslt_algorithms", cublaslt_probe.probe_cublaslt)):
+                              ("cublaslt", "cublaslt_algorithms", cublaslt_probe.probe_cublaslt),
+                              ("fold", "residual_fold", fold_probe.probe_residual_fold)):
         if part in parts:
             section(name, lambda probe=probe: probe(cfg), res)
             save()

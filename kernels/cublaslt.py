@@ -135,7 +135,7 @@ class Fp8Gemm:
         out = _DTYPES[out_dtype]
         self._layouts = [self._layout(_CUDA_R_8F_E4M3, k, n, k), self._layout(_CUDA_R_8F_E4M3, k, m, k),
                          self._layout(out, n, m, n), self._layout(out, n, m, n)]
-        self._alpha, self._beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        self._alpha, self._beta, self._one = ctypes.c_float(1.0), ctypes.c_float(0.0), ctypes.c_float(1.0)
         # the heuristic reads the scale pointers (their alignment); until a call sets the caller's, these stand in
         self._scales = (torch.ones(n, device="cuda"), torch.ones(m, device="cuda"))
         self._set_scales(*self._scales)
@@ -242,11 +242,16 @@ class Fp8Gemm:
         return list({(a.raw, a.workspace): a for a in out}.values())
 
     def __call__(self, a: torch.Tensor, sa: torch.Tensor, w: torch.Tensor, sw: torch.Tensor,
-                 algo: Algorithm | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-        """a fp8 [m, k], sa f32 [m], w fp8 [n, k], sw f32 [n] (CUDA, contiguous) → [m, n] `out_dtype`."""
+                 algo: Algorithm | None = None, out: torch.Tensor | None = None,
+                 c: torch.Tensor | None = None) -> torch.Tensor:
+        """a fp8 [m, k], sa f32 [m], w fp8 [n, k], sw f32 [n] (CUDA, contiguous) → [m, n] `out_dtype`; with `c`
+        ([m, n] `out_dtype`, may be `out` itself) the epilogue adds it: out = c + (a·sa) @ (w·sw)ᵀ, rounded once."""
         m, n, k = self.m, self.n, self.k
-        for name, t, shape, dtype in (("a", a, (m, k), torch.float8_e4m3fn), ("w", w, (n, k), torch.float8_e4m3fn),
-                                      ("sa", sa, (m,), torch.float32), ("sw", sw, (n,), torch.float32)):
+        checks = [("a", a, (m, k), torch.float8_e4m3fn), ("w", w, (n, k), torch.float8_e4m3fn),
+                  ("sa", sa, (m,), torch.float32), ("sw", sw, (n,), torch.float32)]
+        if c is not None:
+            checks.append(("c", c, (m, n), self.out_dtype))
+        for name, t, shape, dtype in checks:
             if tuple(t.shape) != shape or t.dtype != dtype or not t.is_cuda or not t.is_contiguous():
                 raise ValueError(f"Fp8Gemm {name}: expected a contiguous CUDA {dtype} tensor of shape {shape}, got "
                                  f"{t.dtype} {tuple(t.shape)} on {t.device}")
@@ -267,8 +272,10 @@ class Fp8Gemm:
         ws = self._workspace.data_ptr() if algo.workspace else None
         la, lb, lc, ld = self._layouts
         _check(lib.cublasLtMatmul(_handle(), self._desc, ctypes.byref(self._alpha), ctypes.c_void_p(w.data_ptr()), la,
-                                  ctypes.c_void_p(a.data_ptr()), lb, ctypes.byref(self._beta),
-                                  ctypes.c_void_p(out.data_ptr()), lc, ctypes.c_void_p(out.data_ptr()), ld,
+                                  ctypes.c_void_p(a.data_ptr()), lb,
+                                  ctypes.byref(self._beta if c is None else self._one),
+                                  ctypes.c_void_p((out if c is None else c).data_ptr()), lc,
+                                  ctypes.c_void_p(out.data_ptr()), ld,
                                   ctypes.byref(raw), ctypes.c_void_p(ws), ctypes.c_size_t(algo.workspace),
                                   ctypes.c_void_p(torch.cuda.current_stream(a.device).cuda_stream)), "Matmul")
         return out

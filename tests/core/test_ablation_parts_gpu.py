@@ -42,7 +42,8 @@ def reference(model):
 
 
 @pytest.mark.parametrize("change", [{"cache_policy": "whole_window"}, {"cache_policy": "whole_window", "ring": "fp8"},
-                                    {"gemm": "bf16"}, {"fused_norm": False}, {"kv_splits": 1}])
+                                    {"gemm": "bf16"}, {"fused_norm": False}, {"kv_splits": 1},
+                                    {"residual_in_gemm": False}])
 def test_each_choice_under_cuda_graphs_tracks_the_float_parts(model, reference, change):
     options = EngineOptions.served("cuda").replace(**change)
     engine = Engine.build(model, options)

@@ -47,14 +47,15 @@ def test_each_row_undoes_exactly_one_choice(doc):
     rows = {r["row"]: r for r in doc["rows"]}
     opt = rows["optimized"]["options"]
     assert rows["baseline"]["options"] is None
-    for name in ("whole_window", "bf16_gemm", "unfused_norm"):  # no_cuda_graphs, no_split_kv, heuristic_gemm: optimized on CPU
+    for name in ("whole_window", "bf16_gemm", "unfused_norm", "residual_after_gemm"):  # no_cuda_graphs, no_split_kv,
+        # heuristic_gemm: optimized on CPU
         diff = {k for k, v in rows[name]["options"].items() if opt[k] != v}
         assert len(diff) == 1, f"{name} differs from optimized in {diff}"
 
 
 def test_variant_options_on_a_gpu_differ_by_one_field():
     served = EngineOptions.served("cuda").replace(kv_splits=4)
-    fields = ("cache_policy", "gemm", "fused_norm", "cuda_graphs", "kv_splits", "gemm_algorithms")
+    fields = ("cache_policy", "gemm", "fused_norm", "cuda_graphs", "kv_splits", "gemm_algorithms", "residual_in_gemm")
     for name, options in variant_options(served).items():
         if options is None or name == "optimized":
             continue

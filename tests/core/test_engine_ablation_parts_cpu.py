@@ -17,13 +17,15 @@ from vivant.worker.model.fast_parts import (
     Fp8Linear,
     Fp8ResidualNormMod,
     Fp8SwiGLU,
+    GatedRowSum,
+    GateFold,
     UnfusedFp8ResidualNormMod,
     UnfusedFp8SwiGLU,
     WholeWindowAttention,
     install_parts,
 )
 from vivant.worker.model.generator import ChunkGenerator
-from vivant.worker.model.model import Linear, ResidualNormMod, SwiGLUAct, VideoDiT, init_random_
+from vivant.worker.model.model import Linear, ResidualNormMod, SwiGLUAct, VideoDiT, init_random_, keep_gates
 from vivant.worker.model.options import CachePolicy, EngineOptions, GemmAlgorithms, GemmPrecision
 from vivant.worker.model.whole_window import requantize_window_eager, rotate_window_eager
 
@@ -46,6 +48,7 @@ VARIANTS = {
     "bf16_gemm_unfused": FP8.replace(gemm="bf16", fused_norm=False),
     "whole_window_unfused": FP8.replace(cache_policy="whole_window", fused_norm=False),
     "bf16_o_gemm": FP8.replace(o_gemm="bf16"),
+    "residual_after_gemm": FP8.replace(residual_in_gemm=False),
 }
 
 
@@ -292,3 +295,38 @@ def test_rewind_is_refused_under_the_whole_window(setup):
     run_chunks(gen, cfg, 3)
     with pytest.raises(ValueError, match="whole-window policy .* keeps no undo log"):
         gen.cache.rewind(gen.cache.next_chunk - 1)
+
+
+def test_residual_in_gemm_folds_the_gates_and_matches_the_residual_kernel(setup):
+    """EngineOptions.residual_in_gemm: every O and down Fp8Linear reads its row of GateFold's buffer, which each pass
+    fills with its weights' scales × that pass's gates; the row-parallel step hands res_norm a GatedRowSum; and the
+    engine's latents equal the engine that adds the residual after the GEMM (residual_in_gemm=False) up to where
+    each rounds (the CPU twin rounds the unfolded GEMM's product to bf16 first)."""
+    cfg, model, ref = setup
+    fold, plain = Engine.build(model, FP8), Engine.build(model, VARIANTS["residual_after_gemm"])
+    m = fold.model
+    assert isinstance(m.gate_fold, GateFold) and plain.model.gate_fold is keep_gates
+    assert model.gate_fold is keep_gates, "installing the parts changed the float model"
+    for i, b in enumerate(m.blocks):
+        for j, lin in enumerate((b.attn.o, b.mlp.down)):
+            assert lin.gated_scale is not None and lin.gated_scale.data_ptr() == m.gate_fold.scales[i, j].data_ptr()
+        assert b.attn.qkv.gated_scale is None and b.mlp.gate_up.gated_scale is None
+    assert all(b.attn.o.gated_scale is None and b.mlp.down.gated_scale is None for b in plain.model.blocks)
+    b = m.blocks[1]
+    assert isinstance(b.attn.row_parallel(fast_parts.Rows8(*fast_parts.quant_rows(torch.randn(5, b.attn.o.in_features))),
+                                          b.attn.o, b.attn.reduce), GatedRowSum)
+    mods, _ = m.modulation(0.37)
+    m.gate_fold(mods)
+    for i, blk in enumerate(m.blocks):
+        torch.testing.assert_close(m.gate_fold.scales[i, 0], blk.attn.o.sw * mods[i, 2].float(), rtol=0, atol=0)
+        torch.testing.assert_close(m.gate_fold.scales[i, 1], blk.mlp.down.sw * mods[i, 5].float(), rtol=0, atol=0)
+    got, _ = run_chunks(ChunkGenerator(cfg, mode="optimized", engine=fold, seed=2), cfg, CHUNKS)
+    want, _ = run_chunks(ChunkGenerator(cfg, mode="optimized", engine=plain, seed=2), cfg, CHUNKS)
+    errs = [rel_rms(g, w) for g, w in zip(got, want, strict=True)]
+    assert max(errs) < 5e-3, f"folded vs residual kernel: relative RMS up to {max(errs):.3e} ({errs})"
+    assert max(rel_rms(g, r) for g, r in zip(got, ref, strict=True)) < 0.02
+
+
+def test_residual_in_gemm_is_refused_when_not_a_bool():
+    with pytest.raises(ValueError, match="EngineOptions.residual_in_gemm = 'yes'; expected True or False"):
+        FP8.replace(residual_in_gemm="yes")

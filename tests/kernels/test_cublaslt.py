@@ -2,8 +2,9 @@
 
 GPU tests (marked ``gpu``): at the four 57b TP = 4 per-rank shapes and at odd and long ones, every algorithm the
 heuristic offers (no workspace and 32 MiB) matches `fp8_linear_ref` of the same quantized operands, and the
-heuristic's first equals torch._scaled_mm bit for bit (torch takes the same first answer). On CPU: the binding
-refuses without CUDA, with a message that says so.
+heuristic's first equals torch._scaled_mm bit for bit (torch takes the same first answer); with the residual as the
+epilogue's C (in place and separate) the GEMM adds it, rounded once, as the float32 reference does. On CPU: the
+binding refuses without CUDA, with a message that says so.
 """
 
 from __future__ import annotations
@@ -60,6 +61,35 @@ def test_gpu_every_candidate_matches_the_reference(shape, fast_accum, monkeypatc
     torch_out = fp8_linear(a, sa, wq, sw, backend="cublas", fast_accum=fast_accum)
     assert torch.equal(first, torch_out), (f"{shape}: the heuristic's first algorithm differs from torch._scaled_mm "
                                            f"(max diff {(first.float() - torch_out.float()).abs().max().item():.3e})")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("in_place", [True, False], ids=["c_is_out", "c_separate"])
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+def test_gpu_epilogue_adds_c(shape, in_place, monkeypatch):
+    """out = c + (a·sa)(w·sw)ᵀ with a gate folded into sw: the residual add of the O / down GEMMs
+    (EngineOptions.residual_in_gemm)."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    m, k, n = shape
+    a, sa, wq, sw = _operands(m, k, n, seed=13)
+    g = torch.Generator(device="cuda").manual_seed(14)
+    gate = (0.3 * torch.randn(n, generator=g, device="cuda")).to(torch.bfloat16)
+    c = (3 * torch.randn(m, n, generator=g, device="cuda")).to(torch.bfloat16)
+    sg = sw * gate.float()
+    want = c.float() + gate.float() * fp8_linear_ref(a, sa, wq, sw)
+    gemm = Fp8Gemm(m, n, k, fast_accum=True)
+    c_in = c.clone()
+    got = gemm(a, sa, wq, sg, out=c_in if in_place else None, c=c_in)
+    if in_place:
+        assert got.data_ptr() == c_in.data_ptr()
+    else:
+        assert torch.equal(c_in, c), "a separate C must be left as it was"
+    # the product's bounds above (fast accumulation), plus one bf16 rounding of the sum
+    assert_close(got, want, rel_rms=1e-2, max_abs=5e-2 * want.abs().max().item(),
+                 what=f"Fp8Gemm {shape} c + product, in_place={in_place}")
+    with pytest.raises(ValueError, match=r"Fp8Gemm c: expected .*shape"):
+        gemm(a, sa, wq, sg, c=c[:, :16].contiguous())
 
 
 @pytest.mark.gpu

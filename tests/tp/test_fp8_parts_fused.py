@@ -13,7 +13,10 @@ Per world size one spawn checks, on every rank:
   `ChunkGenerator.apply_flags`; the paths `apply_flags` returned; and that a swap drops the engine's
   captured graphs (a marker entry stands in for a CUDA graph, which cannot be captured on CPU) while
   re-applying the same path keeps them;
-and the parent checks the ranks agree bit for bit and equal the TP = 1 engine within FP8 tolerance.
+and the parent checks the ranks agree bit for bit and equal the TP = 1 engine within FP8 tolerance. The unfused
+step adds the residual inside rank 0's GEMM (EngineOptions.residual_in_gemm, on by default: `GatedRowSum`, the
+others add nothing and the sum holds it once) while the fused step adds it after the sum, so "fused equals unfused"
+also checks that the residual is counted exactly once at every world size (twice or never would be O(1)).
 
 Tolerances: the fused steps compute the same bf16 partial products and sum them over the same ranks, so
 they differ from the unfused step only by the order in which bf16 values are added and rounded (gloo

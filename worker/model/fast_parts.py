@@ -16,8 +16,14 @@ Per block and pass (57b, TP = 4 rank: N = 757 tokens):
                             the output for the O GEMM, kernels/split_kv.py), "sdpa" = whole-ring dequantization
                             per call, "torch" = the float32 twin; the output quantized for the O GEMM
   mlp.act                   `Fp8SwiGLU`: silu(gate)·up → FP8 rows (kernels/fused_quant.py)
-  row_parallel (O, down)    unchanged: `GemmThenAllReduce` / `FusedGemmAllReduce` call the Fp8Linear's product or
-                            its fused product + TP sum (worker/model/fused_tp.py)
+  row_parallel (O, down)    `GemmThenAllReduce` takes the Fp8Linear's `row_parallel_sum`: with
+                            EngineOptions.residual_in_gemm a `GatedRowSum` (the product not yet run), which res_norm
+                            runs as one cuBLASLt GEMM whose epilogue adds the residual (C = x) with the block's gate
+                            folded into the weights' per-channel scales (`GateFold`, the pass's first part: one
+                            kernel writes every block's [2, d] gated scales from the pass's modulation), then the TP sum — the rank that `reduce.adds_residual()` adds x, so the sum
+                            holds it once — and LayerNorm + modulation + FP8 alone (`ln_mod_quant`); without it, the
+                            product (bf16) and the fused residual kernel. `FusedGemmAllReduce` across ranks returns
+                            its fused product + TP sum (worker/model/fused_tp.py) for the residual kernel.
 
 The ablation's choices (EngineOptions.gemm, o_gemm, fused_norm, cache_policy; docs/ARCHITECTURE.md) swap parts, never a
 branch inside them:
@@ -48,8 +54,8 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from vivant.kernels.cublaslt import GemmPlan, tune
-from vivant.kernels.fp8_gemm import fp8_linear, quantize_weight
+from vivant.kernels.cublaslt import Fp8Gemm, GemmPlan, tune
+from vivant.kernels.fp8_gemm import fp8_linear, fp8_linear_ref, quantize_weight
 from vivant.kernels.fused_quant import ln_mod_quant, quant_rows, residual_ln_mod_quant, swiglu_quant
 from vivant.kernels.qk_norm_rope import qk_norm_rope
 from vivant.kernels.ring_attention import ring_attention
@@ -67,6 +73,7 @@ from vivant.worker.model.options import (
 if TYPE_CHECKING:
     from vivant.worker.model.kv_cache import KVCache
     from vivant.worker.model.model import Attention, VideoDiT
+    from vivant.worker.model.tp import Reduce
 
 
 class Rows8(NamedTuple):
@@ -109,6 +116,10 @@ class Fp8Linear(nn.Module):
                              f"{plan.gemm.fast_accum} does not fit weights {tuple(w8.shape)}, fast_accum={fast_accum}")
         self.w8, self.sw, self.fast_accum, self.plan = w8, sw, fast_accum, plan
         self.out_features, self.in_features = w8.shape
+        # [N] float32, sw × the block's gate at this pass (a row of `GateFold`'s output) when the GEMM adds the
+        # residual (install_parts, EngineOptions.residual_in_gemm); None: the product is returned as it is
+        self.gated_scale: torch.Tensor | None = None
+        self._gemms: dict[tuple, Fp8Gemm] = {}  # cuBLASLt problems for the gated GEMM, by (rows, out dtype)
 
     @classmethod
     def quantize(cls, linear: nn.Linear, *, fast_accum: bool = False) -> Fp8Linear:
@@ -132,21 +143,67 @@ class Fp8Linear(nn.Module):
     def matmul_all_reduce(self, a: Rows8, group: dist.ProcessGroup, method: FusedMethod, chunks: int) -> torch.Tensor:
         return fp8_matmul_all_reduce(a.q, a.scale, self.w8, self.sw, group, method, chunks, fast_accum=self.fast_accum)
 
+    def row_parallel_sum(self, a: Rows8, reduce: Reduce) -> torch.Tensor | GatedRowSum:
+        """The unfused row-parallel step: the product summed by `reduce`, or with a gated scale the product not yet
+        run (`GatedRowSum`), for res_norm to run with the residual added in the GEMM."""
+        if self.gated_scale is None:
+            return reduce(self(a))
+        return GatedRowSum(a, self, reduce)
+
+    def gated_product(self, a: Rows8, x: torch.Tensor, *, add: bool) -> torch.Tensor:
+        """x + (a·sa) @ (w8·gated_scale)ᵀ (add) or the gated product alone, in x's dtype, rounded once: on CUDA one
+        cuBLASLt GEMM with x as its epilogue's C (the tuned plan's algorithm at its row count, else the
+        heuristic's); elsewhere its float32 twin."""
+        sg, m = self.gated_scale, a.q.shape[0]
+        if not a.q.is_cuda:
+            y = fp8_linear_ref(a.q, a.scale, self.w8, sg)
+            return (x.float() + y if add else y).to(x.dtype)
+        if self.plan is not None and m == self.plan.rows and x.dtype == self.plan.gemm.out_dtype:
+            gemm, algo = self.plan.gemm, self.plan.algo
+        else:
+            gemm, algo = self._gemms.get((m, x.dtype)), None
+            if gemm is None:
+                gemm = self._gemms[(m, x.dtype)] = Fp8Gemm(m, self.out_features, self.in_features,
+                                                           fast_accum=self.fast_accum, out_dtype=x.dtype)
+        return gemm(a.q, a.scale, self.w8, sg, algo=algo, c=x.contiguous() if add else None)
+
     def extra_repr(self) -> str:
         algo = "heuristic" if self.plan is None else f"tuned at {self.plan.rows} rows: {self.plan.algo.describe()}"
         return (f"in_features={self.in_features}, out_features={self.out_features}, fast_accum={self.fast_accum}, "
                 f"algorithm={algo}")
 
 
+class GatedRowSum(NamedTuple):
+    """A row-parallel product not yet run: `linear` (with a gated scale) over rows `a`, summed by `reduce`.
+    `added_to(x)` runs it with the residual x added in the GEMM's epilogue; `materialize()` gives the plain sum."""
+
+    a: Rows8
+    linear: Fp8Linear
+    reduce: Reduce
+
+    def added_to(self, x: torch.Tensor) -> torch.Tensor:
+        """x + gate·Σ_ranks product: the rank that `reduce.adds_residual()` adds x in its GEMM, the others their
+        gated product alone, then the sum."""
+        return self.reduce(self.linear.gated_product(self.a, x, add=self.reduce.adds_residual()))
+
+    def materialize(self) -> torch.Tensor:
+        return self.reduce(self.linear(self.a))
+
+
 class Fp8ResidualNormMod:
     """`x += gate·delta` (skipped when delta is None), `LN(x)·(1 + scale) + shift` quantized to FP8 rows, in one
-    kernel. Returns (x, Rows8)."""
+    kernel; a `GatedRowSum` delta is added by its own GEMM (its gate is already in the GEMM's scales), then the
+    LayerNorm-modulation-FP8 kernel. Returns (x, Rows8); (x, None) when shift and scale are None (the last block)."""
 
     def __init__(self, eps: float) -> None:
         self.eps = eps
 
-    def __call__(self, x: torch.Tensor, delta: torch.Tensor | None, gate: torch.Tensor | None,
-                 shift: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, Rows8]:
+    def __call__(self, x: torch.Tensor, delta: torch.Tensor | GatedRowSum | None, gate: torch.Tensor | None,
+                 shift: torch.Tensor | None, scale: torch.Tensor | None) -> tuple[torch.Tensor, Rows8 | None]:
+        if isinstance(delta, GatedRowSum):
+            x, delta = delta.added_to(x), None
+        if shift is None:
+            return (x if delta is None else x + gate * delta), None
         if delta is None:
             return x, Rows8(*ln_mod_quant(x, shift, scale, eps=self.eps))
         x, q, s = residual_ln_mod_quant(x, delta, gate, shift, scale, eps=self.eps)
@@ -169,9 +226,11 @@ class UnfusedFp8ResidualNormMod:
 
         self.float_part = ResidualNormMod(eps)
 
-    def __call__(self, x, delta, gate, shift, scale) -> tuple[torch.Tensor, Rows8]:
+    def __call__(self, x, delta, gate, shift, scale) -> tuple[torch.Tensor, Rows8 | None]:
+        if isinstance(delta, GatedRowSum):
+            delta = delta.materialize()
         x, h = self.float_part(x, delta, gate, shift, scale)
-        return x, Rows8(*quant_rows(h))
+        return x, None if h is None else Rows8(*quant_rows(h))
 
 
 class UnfusedFp8SwiGLU:
@@ -359,7 +418,32 @@ def install_parts(model: VideoDiT, options: EngineOptions, *, inplace: bool = Fa
         a.core, p.act = attention, act
     if fp8 and options.gemm_algorithms is GemmAlgorithms.TUNED and m.patch_embed.weight.device.type == "cuda":
         tune_gemms(m, rows=m.cfg.tokens_per_chunk)
+    if fp8 and options.fused_norm and options.residual_in_gemm:
+        m.gate_fold = GateFold(m)
     return m
+
+
+class GateFold:
+    """FP8 part `VideoDiT.gate_fold` (EngineOptions.residual_in_gemm): at the start of every pass one kernel writes
+    each block's gated scales, [L, 2, d] float32 = (O, down) weights' per-channel scales × (gate1, gate2) of the
+    pass's modulation, into the buffer whose rows the Fp8Linears read as `gated_scale` (inside the pass's CUDA
+    graph, so every replay folds its own noise level's gates). A block whose O is not FP8 (o_gemm = bf16) keeps a
+    float O and the residual kernel; its row here is unused."""
+
+    def __init__(self, model: VideoDiT) -> None:
+        d, dev = model.cfg.d_model, model.patch_embed.weight.device
+        ones = torch.ones(d, dtype=torch.float32, device=dev)
+        self.sw = torch.stack([torch.stack([lin.sw.float() if isinstance(lin, Fp8Linear) else ones
+                                            for lin in (blk.attn.o, blk.mlp.down)]) for blk in model.blocks])
+        self.scales = torch.empty_like(self.sw)
+        for i, blk in enumerate(model.blocks):
+            for j, lin in enumerate((blk.attn.o, blk.mlp.down)):
+                if isinstance(lin, Fp8Linear):
+                    lin.gated_scale = self.scales[i, j]
+
+    @torch.no_grad()  # the FP8 parts are inference-only
+    def __call__(self, mods: torch.Tensor) -> None:
+        torch.mul(self.sw, mods[:, 2::3], out=self.scales)  # mods [L, 6, d]: rows 2 and 5 are gate1 and gate2
 
 
 _ROLES = (("attn", "qkv"), ("attn", "o"), ("mlp", "gate_up"), ("mlp", "down"))

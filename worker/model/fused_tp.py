@@ -210,19 +210,25 @@ class RowParallelLinear(Protocol):
 
     def matmul_all_reduce(self, a: Any, group: dist.ProcessGroup, method: FusedMethod, chunks: int) -> torch.Tensor: ...
 
+    def row_parallel_sum(self, a: Any, reduce: GroupReduce) -> Any: ...
+
 
 class GroupReduce(Protocol):
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
     def fusable_group(self) -> dist.ProcessGroup | None: ...
 
+    def adds_residual(self) -> bool: ...
+
 
 @dataclass(frozen=True)
 class GemmThenAllReduce:
-    """The unfused step: the GEMM, then the block's reduce (an all-reduce at TP > 1)."""
+    """The unfused step: the GEMM, then the block's reduce (an all-reduce at TP > 1) — the linear's
+    `row_parallel_sum`, which the FP8 parts may hand on not yet computed, for res_norm to run with the residual
+    added in the GEMM (worker/model/fast_parts.py, `GatedRowSum`)."""
 
-    def __call__(self, a: Any, linear: RowParallelLinear, reduce: GroupReduce) -> torch.Tensor:
-        return reduce(linear(a))
+    def __call__(self, a: Any, linear: RowParallelLinear, reduce: GroupReduce) -> Any:
+        return linear.row_parallel_sum(a, reduce)
 
 
 @dataclass(frozen=True)
@@ -239,10 +245,10 @@ class FusedGemmAllReduce:
         if isinstance(self.chunks, bool) or not isinstance(self.chunks, int) or self.chunks < 1:
             raise ValueError(f"FusedGemmAllReduce.chunks = {self.chunks!r}; expected a positive integer")
 
-    def __call__(self, a: Any, linear: RowParallelLinear, reduce: GroupReduce) -> torch.Tensor:
+    def __call__(self, a: Any, linear: RowParallelLinear, reduce: GroupReduce) -> Any:
         group = reduce.fusable_group()
         if group is None:
-            return reduce(linear(a))
+            return linear.row_parallel_sum(a, reduce)
         return linear.matmul_all_reduce(a, group, self.method, self.chunks)
 
 

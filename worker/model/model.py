@@ -11,6 +11,7 @@ The forward is written once, as a sequence of parts with fixed call signatures:
 
   modulation(sigma)                      → every block's [L, 6, d] adaLN table and the head's [2, d]
   denoise(latents, feats, mods, final, cache):
+    gate_fold(mods)                                    (FP8 parts: the gates into the O/down GEMMs' scales)
     x = embed(latents, feats)                          [T, d]
     x, h = res_norm(x, None, …, shift1₀, scale1₀)      h: the activation the next GEMM takes
     per block i:
@@ -18,7 +19,7 @@ The forward is written once, as a sequence of parts with fixed call signatures:
       o = attn.row_parallel(a, attn.o, attn.reduce)    O projection (+ the TP all-reduce)
       x, h = res_norm(x, o, gate1, shift2, scale2)     x += gate1·o; h = LN(x)·(1+scale2)+shift2
       m = mlp.row_parallel(mlp.act(mlp.gate_up(h)), mlp.down, mlp.reduce)
-      x, h = res_norm(x, m, gate2, next shift1, next scale1)   (the last block: x += gate2·m)
+      x, h = res_norm(x, m, gate2, next shift1, next scale1)   (the last block: no next shift/scale, h = None)
     head(x, final)                                     → velocity [C, H_lat, W_lat]
 
 Here each part is its float implementation (the reference: float32 on CPU, bf16 on GPUs, the cache's own
@@ -27,7 +28,10 @@ residual + LayerNorm + modulation + quantization kernel that joins one block's e
 the fused QKV → ring write, read-image attention), installed by `install_parts(model, EngineOptions)`: the
 activation `h` is then quantized rows instead of a tensor, and nothing else changes. The row-parallel step is
 the one part swapped while serving (`set_row_parallel_path`, the `fusedGemmAllReduce` flag,
-worker/model/fused_tp.py). Tensor parallelism is a separate transform (worker/model/tp.py): it slices `qkv`,
+worker/model/fused_tp.py). What the row-parallel step hands to res_norm is the projection's `row_parallel_sum`: the
+float parts' summed product, or (FP8 parts, EngineOptions.residual_in_gemm) the product not yet computed, which
+the FP8 res_norm runs with the residual added in the GEMM's epilogue; `gate_fold(mods)`, the pass's first part,
+puts the gates into that GEMM's weight scales (the float part keeps them in the residual add). Tensor parallelism is a separate transform (worker/model/tp.py): it slices `qkv`,
 `gate_up` column-wise and `o`, `down` row-wise and installs the all-reduce; the parts read their local head
 count and widths from the weights' shapes.
 """
@@ -72,6 +76,10 @@ class Linear(nn.Linear):
                           chunks: int) -> torch.Tensor:
         return float_matmul_all_reduce(x, self.weight, self.bias, group, method, chunks)
 
+    def row_parallel_sum(self, x: torch.Tensor, reduce: Reduce) -> torch.Tensor:
+        """The unfused row-parallel step: the product, summed over the TP group by `reduce`."""
+        return reduce(self(x))
+
     def as_fp8(self, *, fast_accum: bool) -> nn.Module:
         from vivant.worker.model.fast_parts import Fp8Linear
 
@@ -85,7 +93,8 @@ def layer_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 class ResidualNormMod:
     """Float part: `x += gate·delta` (skipped when delta is None), then `h = LN(x)·(1 + scale) + shift`.
-    x, delta [T, d]; gate, shift, scale [d]. Returns (x, h)."""
+    x, delta [T, d]; gate, shift, scale [d]. Returns (x, h); h is None when shift and scale are (the last block:
+    no next block to normalize for)."""
 
     def __init__(self, eps: float) -> None:
         self.eps = eps
@@ -94,6 +103,8 @@ class ResidualNormMod:
                  shift: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if delta is not None:
             x = x + gate * delta
+        if shift is None:
+            return x, None
         return x, layer_norm(x, self.eps) * (1 + scale) + shift
 
 
@@ -174,8 +185,12 @@ class Block(nn.Module):
         x, h = self.res_norm(x, self.attn(h, layer, cache), gate1, shift2, scale2)
         m = self.mlp(h)
         if next_mod is None:
-            return x + gate2 * m, None
+            return self.res_norm(x, m, gate2, None, None)
         return self.res_norm(x, m, gate2, next_mod[0], next_mod[1])
+
+
+def keep_gates(mods: torch.Tensor) -> None:
+    """Float part of `VideoDiT.gate_fold`: the gates stay in the residual add (res_norm multiplies them)."""
 
 
 class VideoDiT(nn.Module):
@@ -192,6 +207,7 @@ class VideoDiT(nn.Module):
         self.final_norm = nn.LayerNorm(d, elementwise_affine=False, eps=cfg.norm_eps)
         self.final_mod = nn.Linear(d, 2 * d)
         self.out = nn.Linear(d, cfg.patch_dim)
+        self.gate_fold = keep_gates  # a part: what the pass does with the gates before its blocks run
 
     # ---- (un)patchify: [C, H, W] ↔ [H/p·W/p, C·p·p] ---------------------------------------------------
     def patchify(self, lat: torch.Tensor) -> torch.Tensor:
@@ -235,6 +251,7 @@ class VideoDiT(nn.Module):
     def denoise(self, latents: torch.Tensor, audio_feats: torch.Tensor, mods: torch.Tensor, final: torch.Tensor,
                 cache: KVCache) -> torch.Tensor:
         """The forward after the modulation (module docstring): reads only tensors, so a CUDA graph can capture it."""
+        self.gate_fold(mods)
         x = self.embed(latents, audio_feats)
         blocks = self.blocks
         x, h = blocks[0].res_norm(x, None, None, mods[0, 0], mods[0, 1])

@@ -130,8 +130,13 @@ class EngineOptions:
                 timed on this GPU when the parts are installed (CUDA only; a CPU runs the float32 twin). Why: the
                 heuristic gives every 57b GEMM a 128 × 128 tile, and the QKV GEMM's 288 tiles fill 2.18 waves of
                 132 SMs (docs/BENCHMARKS.md).
-    gemm, o_gemm, fused_norm, cache_policy and gemm_algorithms choose among the fast parts (fp8=True); the float parts take the
-    defaults.
+    residual_in_gemm  True: the O and down GEMMs (FP8, unfused row-parallel step) add the gated residual in their
+                epilogue — the gate folded into the weights' per-channel scales, the residual x as cuBLASLt's C — so
+                the row kernel after them is LayerNorm + modulation + FP8 alone (x + gate·δ rounded once, δ never
+                written). False: the GEMM writes δ and the fused residual kernel adds it. Why: at the 57b shapes the
+                pair takes 32.3 / 71.8 µs against 38.8 / 78.7 µs (O / down, bench/gpu_residual_fold_probe.py).
+    gemm, o_gemm, fused_norm, cache_policy, gemm_algorithms and residual_in_gemm choose among the fast parts
+    (fp8=True); the float parts take the defaults.
     """
 
     fp8: bool = False
@@ -145,6 +150,7 @@ class EngineOptions:
     fused_norm: bool = True
     cache_policy: CachePolicy = CachePolicy.RING
     gemm_algorithms: GemmAlgorithms = GemmAlgorithms.HEURISTIC
+    residual_in_gemm: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attention", parse_choice(AttentionBackend, self.attention, "EngineOptions.attention"))
@@ -155,7 +161,7 @@ class EngineOptions:
                            parse_choice(CachePolicy, self.cache_policy, "EngineOptions.cache_policy"))
         object.__setattr__(self, "gemm_algorithms",
                            parse_choice(GemmAlgorithms, self.gemm_algorithms, "EngineOptions.gemm_algorithms"))
-        for name in ("fp8", "fast_accum", "cuda_graphs", "fused_norm"):
+        for name in ("fp8", "fast_accum", "cuda_graphs", "fused_norm", "residual_in_gemm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineOptions.{name} = {getattr(self, name)!r}; expected True or False")
         k = self.kv_splits

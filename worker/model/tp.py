@@ -37,6 +37,11 @@ class Reduce(nn.Module):
     def fusable_group(self) -> dist.ProcessGroup | None:
         return None
 
+    def adds_residual(self) -> bool:
+        """Whether this rank's partial product carries the residual when the GEMM adds it (EngineOptions.
+        residual_in_gemm): exactly one rank of the group does, so the sum holds it once."""
+        return True
+
 
 class AllReduce(Reduce):
     def __init__(self, group: dist.ProcessGroup | None = None):
@@ -51,6 +56,10 @@ class AllReduce(Reduce):
         """The group to sum over, or None when it has one rank (nothing to fuse)."""
         group = self.group if self.group is not None else dist.group.WORLD
         return group if dist.get_world_size(group) > 1 else None
+
+    def adds_residual(self) -> bool:
+        """Rank 0 of the group adds the residual to its partial product; the others add nothing."""
+        return dist.get_rank(self.group if self.group is not None else dist.group.WORLD) == 0
 
 
 class SimulatedAllReduce(Reduce):
