@@ -245,7 +245,15 @@ def run(args) -> int:
     if memory is not None:
         memory.mark("after_fp8_weights")
     rows, lats = {}, {}
-    for name, options in variant_options(optimized).items():
+    variants = variant_options(optimized)
+    only = getattr(args, "ablation_rows", None)
+    if only:
+        wanted = {"baseline", "optimized", *only.split(",")}
+        unknown = wanted - set(variants)
+        if unknown:
+            raise ValueError(f"--ablation-rows names {sorted(unknown)}; expected rows among {list(variants)}")
+        variants = {k: v for k, v in variants.items() if k in wanted}
+    for name, options in variants.items():
         attempts = [options]
         if name in COMPILED_ROWS and options.cuda_graphs:
             attempts.append(options.replace(cuda_graphs=False))

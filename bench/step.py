@@ -74,6 +74,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--numerics-t-limit", type=int, default=40, help="GPU: t_limit for the numerics run (forces resets)")
     p.add_argument("--ablation", action="store_true",
                    help="time the optimized engine and the engine with one choice undone at a time (bench/ablation.py)")
+    p.add_argument("--ablation-rows", default=None,
+                   help="with --ablation: only these rows (comma-separated; baseline and optimized always run)")
     p.add_argument("--json", action="store_true", help="print only the JSON document")
     p.add_argument("--out", help="also write the JSON to this file")
 

@@ -61,6 +61,7 @@ from vivant.kernels.qk_norm_rope import qk_norm_rope
 from vivant.kernels.ring_attention import ring_attention
 from vivant.kernels.split_kv import split_kv_attention_fp8, split_kv_sdpa
 from vivant.worker.model.fused_tp import FusedMethod, fp8_matmul_all_reduce
+from vivant.worker.model.model import keep_gates
 from vivant.worker.model.options import (
     AttentionBackend,
     CacheMode,
@@ -165,7 +166,10 @@ class Fp8Linear(nn.Module):
             if gemm is None:
                 gemm = self._gemms[(m, x.dtype)] = Fp8Gemm(m, self.out_features, self.in_features,
                                                            fast_accum=self.fast_accum, out_dtype=x.dtype)
-        return gemm(a.q, a.scale, self.w8, sg, algo=algo, c=x.contiguous() if add else None)
+        if not add:
+            return gemm(a.q, a.scale, self.w8, sg, algo=algo)
+        x = x.contiguous()
+        return gemm(a.q, a.scale, self.w8, sg, algo=algo, c=x, out=x)  # in place: x is the block's to replace
 
     def extra_repr(self) -> str:
         algo = "heuristic" if self.plan is None else f"tuned at {self.plan.rows} rows: {self.plan.algo.describe()}"
@@ -418,8 +422,8 @@ def install_parts(model: VideoDiT, options: EngineOptions, *, inplace: bool = Fa
         a.core, p.act = attention, act
     if fp8 and options.gemm_algorithms is GemmAlgorithms.TUNED and m.patch_embed.weight.device.type == "cuda":
         tune_gemms(m, rows=m.cfg.tokens_per_chunk)
-    if fp8 and options.fused_norm and options.residual_in_gemm:
-        m.gate_fold = GateFold(m)
+    # a model already holding FP8 parts (a fork of one) keeps no folding it does not use
+    m.gate_fold = GateFold(m) if fp8 and options.fused_norm and options.residual_in_gemm else keep_gates
     return m
 
 
