@@ -194,6 +194,8 @@ def command(args) -> str:
              "--attn-kv-splits", str(args.attn_kv_splits), "--init", args.init, "--seed", str(args.seed)]
     if getattr(args, "ring", None):
         parts += ["--ring", args.ring]
+    if getattr(args, "ablation_rows", None):
+        parts += ["--ablation-rows", args.ablation_rows]
     return shlex.join(parts)
 
 

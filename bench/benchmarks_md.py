@@ -12,6 +12,7 @@ from vivant.bench.benchmarks_doc import (
     gemm_tuning,
     head,
     quality,
+    residual_fold,
     row_kernels,
     served,
     turn,
@@ -19,6 +20,7 @@ from vivant.bench.benchmarks_doc import (
 
 SECTIONS = (
     head.section,  # sources, GPU, the ablation table
+    residual_fold.section,  # the residual in the O/down GEMMs' epilogue, the step on it
     gemm_tuning.section,  # tuned cuBLASLt algorithms, the step on them
     row_kernels.section,  # the step's row kernels and host path
     cudnn_probes.fp8_attention_section,  # FP8 attention with cuDNN (probe)

@@ -39,6 +39,7 @@ import torch.nn as nn
 from vivant.kernels.fp8_gemm import quantize_weight
 from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.engine import Engine
+from vivant.worker.model.fused_tp import SummedProduct
 from vivant.worker.model.generator import ChunkGenerator
 from vivant.worker.model.model import VideoDiT
 from vivant.worker.model.options import AttentionBackend, CacheMode, EngineOptions, RingFormat
@@ -49,7 +50,7 @@ from vivant.worker.quality.eval_cli import read_audio_at
 ROLES = (("attn", "qkv"), ("attn", "o"), ("mlp", "gate_up"), ("mlp", "down"))
 
 
-class DequantizedRowsLinear(nn.Module):
+class DequantizedRowsLinear(nn.Module, SummedProduct):
     """A projection fed FP8 rows (`Rows8`: q [M, K], scale [M]) that multiplies their dequantized values by float32
     weights [N, K]: the FP8 parts with this role's weight rounding removed and nothing else changed."""
 
@@ -62,7 +63,7 @@ class DequantizedRowsLinear(nn.Module):
         return ((rows.q.float() * rows.scale[:, None]) @ self.weight.t()).to(self.out_dtype)
 
 
-class UnquantizedRowsLinear(nn.Module):
+class UnquantizedRowsLinear(nn.Module, SummedProduct):
     """A float projection (the checkpoint's weights, in the model's dtype) fed the unquantized rows of an FP8
     engine's part, cast to its dtype (on a CPU the attention's image rows are bf16 while the model is float32)."""
 
@@ -226,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     fp8_ring = served.ring is RingFormat.FP8
     variants += [(f"FP8 parts, {ring}, o activations unquantized (o_gemm = bf16)", served.replace(o_gemm="bf16"),
                   fp8_ring, fp8_dtype, None, False)]
-    variants += [(f"FP8 parts, {ring}, {which} activations unquantized", served, fp8_ring, fp8_dtype,
+    # (qkv+gate_up swaps in the float res_norm, which adds a summed product: the GEMMs keep the residual out)
+    variants += [(f"FP8 parts, {ring}, {which} activations unquantized",
+                  served if which == "down" else served.replace(residual_in_gemm=False), fp8_ring, fp8_dtype,
                   bf16_roles(which), False) for which in ("down", "qkv+gate_up")]
     if args.only:
         variants = [v for v in variants if any(text in v[0] for text in args.only)]

@@ -31,6 +31,8 @@ the bf16 ring: 52 of 52 (the bf16-ring kernel test added); then with the ablatio
 separate read image, which the bf16 ring no longer has; fixed, it passed alone on the next lease
 (`bench/results/gpu_run_log_2026-12-02_*.txt`). With the new row kernels: 62 of 62 (call 2 of
 `gpu_run_log_2026-12-02_row-kernels.txt`), and 62 of 62 again on the final code (call 5: + SwiGLU at 8 warps and
-the undo log's word copies).
+the undo log's word copies). On 2026-12-03 (`gpu_run_log_2026-12-03_residual-in-gemm.txt`): 77 of 77 before the
+residual fold (the fault paths' CUDA tests among them, run for the first time), then 90 of 90 twice with it (the
+epilogue's C at every GEMM shape, the `residual_in_gemm = False` engine under CUDA graphs).
 
 {ablation_head_section(RESULTS)}"""

@@ -221,6 +221,14 @@ class GroupReduce(Protocol):
     def adds_residual(self) -> bool: ...
 
 
+class SummedProduct:
+    """What a projection's unfused row-parallel step is unless it says otherwise: its product, summed by the
+    reduce (mixed into every projection but the FP8 one that adds the residual in its GEMM, fast_parts.Fp8Linear)."""
+
+    def row_parallel_sum(self, a: Any, reduce: GroupReduce) -> torch.Tensor:
+        return reduce(self(a))
+
+
 @dataclass(frozen=True)
 class GemmThenAllReduce:
     """The unfused step: the GEMM, then the block's reduce (an all-reduce at TP > 1) — the linear's

@@ -50,6 +50,7 @@ from vivant.worker.model.fused_tp import (
     FusedMethod,
     GemmThenAllReduce,
     RowParallelStep,
+    SummedProduct,
     float_matmul_all_reduce,
 )
 from vivant.worker.model.kv_cache import KVCache
@@ -68,17 +69,13 @@ class RMSNorm(nn.Module):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()).to(x.dtype)
 
 
-class Linear(nn.Linear):
+class Linear(nn.Linear, SummedProduct):
     """nn.Linear (same weights, same state-dict names) that can also give its product summed over a TP group,
     for the fused row-parallel step; `as_fp8` is its FP8 counterpart (worker/model/fast_parts.py)."""
 
     def matmul_all_reduce(self, x: torch.Tensor, group: dist.ProcessGroup, method: FusedMethod,
                           chunks: int) -> torch.Tensor:
         return float_matmul_all_reduce(x, self.weight, self.bias, group, method, chunks)
-
-    def row_parallel_sum(self, x: torch.Tensor, reduce: Reduce) -> torch.Tensor:
-        """The unfused row-parallel step: the product, summed over the TP group by `reduce`."""
-        return reduce(self(x))
 
     def as_fp8(self, *, fast_accum: bool) -> nn.Module:
         from vivant.worker.model.fast_parts import Fp8Linear

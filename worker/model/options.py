@@ -133,8 +133,10 @@ class EngineOptions:
     residual_in_gemm  True: the O and down GEMMs (FP8, unfused row-parallel step) add the gated residual in their
                 epilogue — the gate folded into the weights' per-channel scales, the residual x as cuBLASLt's C — so
                 the row kernel after them is LayerNorm + modulation + FP8 alone (x + gate·δ rounded once, δ never
-                written). False: the GEMM writes δ and the fused residual kernel adds it. Why: at the 57b shapes the
-                pair takes 32.3 / 71.8 µs against 38.8 / 78.7 µs (O / down, bench/gpu_residual_fold_probe.py).
+                written). False: the GEMM writes δ and the fused residual kernel adds it. Why: the row kernel after
+                the GEMM was the step's largest (476 calls per chunk) and half its traffic was δ and x; the fold,
+                in place, measured 2.7 ms per 57b chunk faster (docs/BENCHMARKS.md, "The residual in the GEMM
+                epilogue").
     gemm, o_gemm, fused_norm, cache_policy, gemm_algorithms and residual_in_gemm choose among the fast parts
     (fp8=True); the float parts take the defaults.
     """

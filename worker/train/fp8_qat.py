@@ -35,6 +35,7 @@ import torch
 import torch.nn as nn
 from vivant.kernels.fp8 import dequantize_rows, quantize_rows_ref
 from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.fused_tp import SummedProduct
 from vivant.worker.model.model import VideoDiT
 from vivant.worker.model.ref_model import DIT_FILE, ENCODER_FILE, VAE_FILE
 from vivant.worker.model.weights import load_weights
@@ -68,7 +69,7 @@ class _ServedFp8Product(torch.autograd.Function):
         return g @ w8, g.t() @ a8
 
 
-class Fp8FakeQuantLinear(nn.Module):
+class Fp8FakeQuantLinear(nn.Module, SummedProduct):
     """A bias-free linear whose forward is the served FP8 GEMM's arithmetic on a float master weight (trained).
 
     x [..., K] (any float dtype) → [..., N] in `out_dtype`: each row of x (one token) rounded to e4m3 with scale
