@@ -10,7 +10,9 @@ cheaper LayerNorm + modulation + FP8 one (kernels/fused_quant.ln_mod_quant: x an
 Timed here in one process at the 57b TP = 4 shapes, each variant in a CUDA graph cycling six weight sets (so no
 call finds its weights in L2 from the call before), alternated over rounds: "unfused" = torch's FP8 GEMM then the
 residual kernel (what the engine runs); "folded" = cuBLASLt (kernels/cublaslt.Fp8Gemm, the heuristic's algorithm)
-with C = x in place, then ln_mod_quant; and the GEMMs alone both ways. Errors: the new residual and the FP8 rows
+with C = x in place, then ln_mod_quant; and the GEMMs alone both ways; then every cuBLASLt configuration of the GEMM
+with C in place (`kernels.cublaslt.tune(with_c=True)`: does another tile or cluster shape take the epilogue's C
+read better than the heuristic's?). Errors: the new residual and the FP8 rows
 of each variant against float32 (x + gate·(a·sa)(w·sw)ᵀ, then the float twin's LayerNorm/modulation/FP8).
 Run by `STEPS=tune TUNE_PARTS=fold bash bench/run_gpu.sh $OUT`.
 """
@@ -34,7 +36,7 @@ def probe_residual_fold(cfg, tp: int = 4, sets: int = 6, rounds: int = 3) -> dic
 def _probe_shape(name: str, m: int, d: int, k: int, sets: int, rounds: int) -> dict:
     """One GEMM shape [m, k] × [k, d]: errors once, then every variant's µs per call (module docstring)."""
     from vivant.kernels import fused_quant as fq
-    from vivant.kernels.cublaslt import CublasLtError, Fp8Gemm, graph_us
+    from vivant.kernels.cublaslt import CublasLtError, Fp8Gemm, graph_us, tune
     from vivant.kernels.fp8 import quantize_rows_ref
     from vivant.kernels.fp8_gemm import fp8_linear, fp8_linear_ref
 
@@ -99,6 +101,12 @@ def _probe_shape(name: str, m: int, d: int, k: int, sets: int, rounds: int) -> d
                 x.copy_(x0)
     row["us"] = times
     med = row["median_us"] = {v: sorted(t)[len(t) // 2] for v, t in times.items()}
+    # every cuBLASLt configuration of the GEMM with C in place, as `fast_parts.tune_gemms` times them without C
+    plan = tune(m, ws, fast_accum=True, with_c=True)
+    row["tuned_with_c"] = None if plan is None else {"algorithm": plan.algo.describe(), "us": round(plan.chosen_us, 2),
+                                                     "heuristic_us": round(plan.heuristic_us, 2)}
+    print(f"  fold {name}: tuned with C: {row['tuned_with_c'] or 'no configuration beats the heuristic by 3 %'}",
+          flush=True)
     print(f"  fold {name} (k={k}): unfused {med['unfused']} µs, folded {med['folded']} µs "
           f"(GEMM torch {med['gemm_torch']}, Lt+C {med['gemm_lt_c']}, Lt {med['gemm_lt_no_c']}; residual kernel "
           f"{med['residual_kernel']}, ln_mod_quant {med['ln_mod_quant_kernel']}); x rel err unfused "

@@ -366,23 +366,35 @@ def graph_us(fn, calls: int, reps: int, rounds: int = 1) -> float:
 
 
 def tune(m: int, weights: list[tuple[torch.Tensor, torch.Tensor]], *, fast_accum: bool, margin: float = 0.97,
-         finalists: int = 4, rounds: int = 3, limit: int = 600) -> GemmPlan | None:
+         finalists: int = 4, rounds: int = 3, limit: int = 600, with_c: bool = False) -> GemmPlan | None:
     """The fastest cuBLASLt configuration for an m-row FP8 GEMM with these weights (w fp8 [n, k], sw [n]; several
     layers' weights, cycled so none is served from L2 by the call before), or None when none beats the heuristic's
     first answer (what torch._scaled_mm runs) by `margin`. Every variant `Fp8Gemm.variants` lists (from at most `limit`
     configurations) is timed once inside a CUDA graph; the `finalists` fastest are timed again
-    in `rounds` rounds alternated with the heuristic's. Cached per process by (device, m, n, k, fast_accum)."""
+    in `rounds` rounds alternated with the heuristic's. with_c: every call adds its output to itself in place
+    (C = D, beta = 1: the O/down GEMMs that add the residual). Cached per process by (device, m, n, k, fast_accum,
+    with_c)."""
     w0 = weights[0][0]
     n, k = w0.shape
-    key = (torch.cuda.get_device_name(w0.device), m, n, k, fast_accum)
+    key = (torch.cuda.get_device_name(w0.device), m, n, k, fast_accum, with_c)
     if key in _TUNED:
         return _TUNED[key]
     gemm = Fp8Gemm(m, n, k, fast_accum=fast_accum)
     a, sa = quantize_rows_ref(torch.randn(m, k, device=w0.device))
-    outs = [torch.empty(m, n, dtype=gemm.out_dtype, device=w0.device) for _ in weights]
+    outs = [torch.zeros(m, n, dtype=gemm.out_dtype, device=w0.device) for _ in weights]
 
     def timed(algo: Algorithm | None, reps: int) -> float:
-        return graph_us(lambda i: gemm(a, sa, *weights[i], algo=algo, out=outs[i]), len(weights), reps)
+        def call(i: int) -> None:
+            gemm(a, sa, *weights[i], algo=algo, out=outs[i], c=outs[i] if with_c else None)
+
+        us = graph_us(call, len(weights), reps)
+        for o in outs:  # with C every replay added to them: back to zero, outside the timing
+            o.zero_()
+        return us
+
+    def result(algo: Algorithm | None) -> torch.Tensor:
+        c = torch.ones(m, n, dtype=gemm.out_dtype, device=w0.device) if with_c else None
+        return gemm(a, sa, *weights[0], algo=algo, out=c, c=c).float()
 
     screened = []
     for algo in gemm.variants(limit=limit):
@@ -391,10 +403,10 @@ def tune(m: int, weights: list[tuple[torch.Tensor, torch.Tensor]], *, fast_accum
         except (CublasLtError, RuntimeError):  # a configuration cuBLASLt accepts but will not launch here
             continue
     screened.sort(key=lambda p: p[0])
-    want = gemm(a, sa, *weights[0]).float()
+    want = result(None)
     best = []
     for _, algo in screened:  # a configuration that computes something else is never a finalist
-        got = gemm(a, sa, *weights[0], algo=algo).float()
+        got = result(algo)
         if bool(torch.isfinite(got).all()) and float((got - want).norm() / want.norm()) <= 1e-2:
             best.append(algo)
         if len(best) == finalists:
