@@ -15,8 +15,8 @@ from vivant.apis.feature_flags import FlagValues
 from vivant.sessions.flags import FlagStore
 from vivant.sessions.models import Assignment, WorkerInfo
 from vivant.sessions.registry import Registry
-from vivant.worker.serving.runner import ChunkReport, PlayoutAccount
-from vivant.worker.serving.service import MAX_FAULTED_SECONDS, WorkerService
+from vivant.worker.serving.runner import EXIT_FAULT, ChunkReport, PlayoutAccount
+from vivant.worker.serving.service import MAX_FAULTED_SECONDS, MAX_FAULTED_SESSIONS, WorkerService
 
 POOL = "gpu-w"
 WID = "worker-0"
@@ -409,6 +409,45 @@ class TestPersistentFaults:
         wait_for("streams on", lambda: len(runner.chunks) >= 40)  # far past 2 s of video in all
         stats = h.registry.session_stats("ns/s1")
         assert stats.phase == "Streaming" and stats.numerical_fault, stats
+
+    def test_sessions_ended_by_faults_in_a_row_stop_the_worker(self, make):
+        """A model that faults whatever it is given fails every session: after max_faulted_sessions of them the worker
+        stops as after a rank failure (exit code EXIT_FAULT, deregistered) so Kubernetes restarts its container."""
+        assert MAX_FAULTED_SESSIONS == 3
+        h = make(FaultsFromRunner(start=0), max_faulted_s=0.5, max_faulted_sessions=2).start()
+        for n in (1, 2):
+            h.assign(assignment(f"ns/s{n}"))
+            final = wait_for("Failed", lambda n=n: (s := h.registry.session_stats(f"ns/s{n}")) and s.phase == "Failed"
+                             and s)
+            assert final.end_reason.startswith("numerical fault: 3 chunks in a row"), final
+            if n == 1:
+                wait_for("idle after the first", lambda: h.registry.idle_workers(POOL) == [WID])
+                assert h.service.exit_code == 0 and not h.service.stop.is_set(), "one faulted session stopped the worker"
+        h.thread.join(timeout=10)
+        assert not h.thread.is_alive(), "the worker did not stop after two faulted sessions in a row"
+        assert h.service.exit_code == EXIT_FAULT
+        assert h.registry.workers(POOL) == {}, "a worker that stopped is still registered"
+
+    def test_a_session_with_finite_chunks_breaks_the_row(self, make):
+        runner = FaultsFromRunner(start=0)
+        h = make(runner, max_faulted_s=0.5, max_faulted_sessions=2).start()
+        h.assign(assignment("ns/s1"))
+        wait_for("s1 Failed", lambda: (s := h.registry.session_stats("ns/s1")) and s.phase == "Failed")
+        wait_for("idle", lambda: h.registry.idle_workers(POOL) == [WID])
+        runner.cured.set()  # s2 runs clean and ends by its duration
+        h.assign(assignment("ns/s2", max_duration_s=0.4))
+        wait_for("s2 Ended", lambda: (s := h.registry.session_stats("ns/s2")) and s.phase == "Ended")
+        wait_for("idle", lambda: h.registry.idle_workers(POOL) == [WID])
+        runner.cured.clear()
+        h.assign(assignment("ns/s3"))
+        wait_for("s3 Failed", lambda: (s := h.registry.session_stats("ns/s3")) and s.phase == "Failed")
+        wait_for("idle after s3", lambda: h.registry.idle_workers(POOL) == [WID])
+        assert h.service.exit_code == 0 and h.thread.is_alive(), "s2's finite chunks should have broken the row"
+
+    @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "3"])
+    def test_the_session_limit_must_be_a_positive_integer(self, make, bad):
+        with pytest.raises(ValueError, match="max_faulted_sessions: expected an integer >= 1"):
+            make(max_faulted_sessions=bad)
 
     @pytest.mark.parametrize("bad", [0, -1.0, float("nan"), "5"])
     def test_the_limit_must_be_positive_seconds(self, make, bad):

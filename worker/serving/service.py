@@ -14,7 +14,9 @@ Per session the loop is, chunk by chunk (one chunk = `frames_per_chunk` frames, 
 A chunk with NaN/Inf latents (a numerical fault) is reported at once and counted; the runner has already restarted
 the model's state, so the session goes on. Faults in every chunk for `max_faulted_s` of video mean this worker's
 model cannot recover (a bad checkpoint, a broken kernel path): the session ends Failed, "numerical fault: …",
-instead of showing a held frame for ever.
+instead of showing a held frame for ever. When that ends `max_faulted_sessions` sessions in a row (a session that
+ends otherwise with finite chunks breaks the row), the fault is the worker's, not a session's: it stops as after a rank failure (`fail`, exit code
+EXIT_FAULT) so Kubernetes restarts its container, instead of failing every session the pool gives it.
 Between sessions the runner is ticked (`idle`) once per inbox poll. A heartbeat thread keeps the lease alive.
 When Redis is unreachable the session keeps streaming (every registry call is allowed to fail); when Redis
 comes back the heartbeat finds the worker unknown and re-registers it together with the session it is
@@ -65,6 +67,11 @@ log = logging.getLogger(__name__)
 # enough for the operator's rollback of the fused path to reach the worker (its next chunk boundary), short enough
 # that a viewer is not left on a frozen frame.
 MAX_FAULTED_SECONDS = 5.0
+# Sessions in a row ended by that rule (one that ends otherwise with finite chunks breaks the row) after which the
+# worker stops: one such
+# session can be its input or a flag the operator rolls back; three mean the model fails on this worker whatever it
+# is given.
+MAX_FAULTED_SESSIONS = 3
 T = TypeVar("T")
 
 
@@ -99,9 +106,13 @@ class WorkerService:
                  runner: SessionRunner | Callable[[], SessionRunner], *,
                  poll_s: float = 1.0, stats_interval_s: float = 1.0, realtime: bool = False,
                  buffer_chunks: int = 2, metrics: WorkerMetrics | None = None,
-                 max_faulted_s: float = MAX_FAULTED_SECONDS) -> None:
+                 max_faulted_s: float = MAX_FAULTED_SECONDS,
+                 max_faulted_sessions: int = MAX_FAULTED_SESSIONS) -> None:
         if not isinstance(max_faulted_s, int | float) or not max_faulted_s > 0:
             raise ValueError(f"max_faulted_s: expected seconds > 0, got {max_faulted_s!r}")
+        if isinstance(max_faulted_sessions, bool) or not isinstance(max_faulted_sessions, int) \
+                or max_faulted_sessions < 1:
+            raise ValueError(f"max_faulted_sessions: expected an integer >= 1, got {max_faulted_sessions!r}")
         self.registry = registry
         self.flag_store = flags
         self.watcher = FlagWatcher(flags, info.pool)
@@ -116,6 +127,8 @@ class WorkerService:
         self.buffer_chunks = buffer_chunks
         self.metrics = metrics
         self.max_faulted_s = float(max_faulted_s)
+        self.max_faulted_sessions = max_faulted_sessions
+        self._faulted_sessions = 0  # sessions in a row ended by the numerical-fault rule
         self.stop = threading.Event()
         self.chunk_log: deque[ChunkRecord] = deque(maxlen=100_000)
         self.sessions_done: list[SessionStats] = []
@@ -333,6 +346,8 @@ class WorkerService:
         frames = stalls = 0
         fault = False
         faulted = 0  # consecutive chunks with non-finite latents
+        finite = 0  # chunks with finite latents
+        fault_limit = False  # the session ended by the numerical-fault rule
         reason = ""
         while True:
             elapsed = time.monotonic() - t0
@@ -384,6 +399,7 @@ class WorkerService:
             if self.realtime:
                 self.stop.wait(max(0.0, len(compute_ms) * chunk_s - done_at))
             faulted = faulted + 1 if report.numerical_fault else 0
+            finite += not report.numerical_fault
             if faulted and self.metrics is not None:
                 self.metrics.numerical_fault()
             if faulted and not fault:
@@ -391,7 +407,7 @@ class WorkerService:
                 log.error("worker %s: numerical fault (NaN/Inf) in session %s chunk %d", self.worker_id,
                           a.session_id, report.index)
             if faulted * chunk_s >= self.max_faulted_s - 1e-9:
-                phase = "Failed"
+                phase, fault_limit = "Failed", True
                 reason = (f"numerical fault: {faulted} chunks in a row with NaN/Inf latents ({faulted * chunk_s:.1f} s "
                           "of video); the model does not recover on this worker")
                 log.error("worker %s: session %s: %s", self.worker_id, a.session_id, reason)
@@ -417,7 +433,19 @@ class WorkerService:
             self.metrics.session_ended(a.session_id)
         log.info("worker %s: session %s ended (%s): %d chunks, %.1f fps", self.worker_id, a.session_id, reason,
                  final.chunks, final.fps)
+        self._count_faulted_session(fault_limit, finite)
         return final
+
+    def _count_faulted_session(self, fault_limit: bool, finite: int) -> None:
+        """After a session: one more in a row ended by the numerical-fault rule, or a finite chunk broke the run;
+        at `max_faulted_sessions` the worker stops (`fail`)."""
+        if fault_limit:
+            self._faulted_sessions += 1
+        elif finite:
+            self._faulted_sessions = 0
+        if self._faulted_sessions >= self.max_faulted_sessions:
+            self.fail(f"numerical faults ended {self._faulted_sessions} sessions in a row: the model does not recover "
+                      "on this worker; stopping so Kubernetes restarts it")
 
     def _in_loop(self, fn: Callable[[], T], default: T) -> T:
         """A registry call from the chunk loop: `default` while Redis is known to be down."""
