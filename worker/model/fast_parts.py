@@ -18,12 +18,13 @@ Per block and pass (57b, TP = 4 rank: N = 757 tokens):
   mlp.act                   `Fp8SwiGLU`: silu(gate)·up → FP8 rows (kernels/fused_quant.py)
   row_parallel (O, down)    `GemmThenAllReduce` takes the Fp8Linear's `row_parallel_sum`: with
                             EngineOptions.residual_in_gemm a `GatedRowSum` (the product not yet run), which res_norm
-                            runs as one cuBLASLt GEMM whose epilogue adds the residual (C = x) with the block's gate
-                            folded into the weights' per-channel scales (`GateFold`, the pass's first part: one
-                            kernel writes every block's [2, d] gated scales from the pass's modulation), then the TP sum — the rank that `reduce.adds_residual()` adds x, so the sum
-                            holds it once — and LayerNorm + modulation + FP8 alone (`ln_mod_quant`); without it, the
-                            product (bf16) and the fused residual kernel. `FusedGemmAllReduce` across ranks returns
-                            its fused product + TP sum (worker/model/fused_tp.py) for the residual kernel.
+                            runs as one cuBLASLt GEMM whose epilogue adds the residual (C = D = x, in place) with the
+                            block's gate folded into the weights' per-channel scales (`GateFold`, the pass's first
+                            part: one kernel writes every block's [2, d] gated scales from the pass's modulation),
+                            then the TP sum (the rank whose `reduce.adds_residual()` adds x, so the sum holds it
+                            once), then LayerNorm + modulation + FP8 alone (`ln_mod_quant`); without it, the product
+                            (bf16) and the fused residual kernel. `FusedGemmAllReduce` across ranks returns its fused
+                            product + TP sum (worker/model/fused_tp.py) for the residual kernel.
 
 The ablation's choices (EngineOptions.gemm, o_gemm, fused_norm, cache_policy; docs/ARCHITECTURE.md) swap parts, never a
 branch inside them:
