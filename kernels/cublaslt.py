@@ -388,8 +388,9 @@ def tune(m: int, weights: list[tuple[torch.Tensor, torch.Tensor]], *, fast_accum
             gemm(a, sa, *weights[i], algo=algo, out=outs[i], c=outs[i] if with_c else None)
 
         us = graph_us(call, len(weights), reps)
-        for o in outs:  # with C every replay added to them: back to zero, outside the timing
-            o.zero_()
+        if with_c:  # every replay added to them: back to zero, outside the timing
+            for o in outs:
+                o.zero_()
         return us
 
     def result(algo: Algorithm | None) -> torch.Tensor:

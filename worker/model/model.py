@@ -31,7 +31,8 @@ the one part swapped while serving (`set_row_parallel_path`, the `fusedGemmAllRe
 worker/model/fused_tp.py). What the row-parallel step hands to res_norm is the projection's `row_parallel_sum`: the
 float parts' summed product, or (FP8 parts, EngineOptions.residual_in_gemm) the product not yet computed, which
 the FP8 res_norm runs with the residual added in the GEMM's epilogue; `gate_fold(mods)`, the pass's first part,
-puts the gates into that GEMM's weight scales (the float part keeps them in the residual add). Tensor parallelism is a separate transform (worker/model/tp.py): it slices `qkv`,
+puts the gates into that GEMM's weight scales (the float part keeps them in the residual add).
+Tensor parallelism is a separate transform (worker/model/tp.py): it slices `qkv`,
 `gate_up` column-wise and `o`, `down` row-wise and installs the all-reduce; the parts read their local head
 count and widths from the weights' shapes.
 """

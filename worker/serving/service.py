@@ -15,8 +15,9 @@ A chunk with NaN/Inf latents (a numerical fault) is reported at once and counted
 the model's state, so the session goes on. Faults in every chunk for `max_faulted_s` of video mean this worker's
 model cannot recover (a bad checkpoint, a broken kernel path): the session ends Failed, "numerical fault: …",
 instead of showing a held frame for ever. When that ends `max_faulted_sessions` sessions in a row (a session that
-ends otherwise with finite chunks breaks the row), the fault is the worker's, not a session's: it stops as after a rank failure (`fail`, exit code
-EXIT_FAULT) so Kubernetes restarts its container, instead of failing every session the pool gives it.
+ends otherwise with finite chunks breaks the row), the fault is the worker's, not a session's: it stops as after a
+rank failure (`fail`, exit code EXIT_FAULT) so Kubernetes restarts its container, instead of failing every session
+the pool gives it.
 Between sessions the runner is ticked (`idle`) once per inbox poll. A heartbeat thread keeps the lease alive.
 When Redis is unreachable the session keeps streaming (every registry call is allowed to fail); when Redis
 comes back the heartbeat finds the worker unknown and re-registers it together with the session it is
@@ -68,9 +69,8 @@ log = logging.getLogger(__name__)
 # that a viewer is not left on a frozen frame.
 MAX_FAULTED_SECONDS = 5.0
 # Sessions in a row ended by that rule (one that ends otherwise with finite chunks breaks the row) after which the
-# worker stops: one such
-# session can be its input or a flag the operator rolls back; three mean the model fails on this worker whatever it
-# is given.
+# worker stops: one such session can be its input or a flag the operator rolls back; three mean the model fails on
+# this worker whatever it is given.
 MAX_FAULTED_SESSIONS = 3
 T = TypeVar("T")
 

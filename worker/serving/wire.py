@@ -239,10 +239,11 @@ class DecoderLink:
     def receive(self) -> LinkMessage:
         word = torch.zeros(WORDS, dtype=torch.int64, device=self.device)
         dist.recv(word, src=self.peer, group=self.group)
-        op, session, chunk, samples, payload_len, speech, ends, epoch = (int(v) for v in word.tolist()[:8])
+        # slot 4 by op: BEGIN/END the payload's bytes, CHUNK 1 when the latents are not finite, REWIND the oldest chunk
+        op, session, chunk, samples, slot4, speech, ends, epoch = (int(v) for v in word.tolist()[:8])
         op = Op(op)
         if op in (Op.BEGIN, Op.END):
-            data = torch.zeros(payload_len, dtype=torch.uint8, device=self.device)
+            data = torch.zeros(slot4, dtype=torch.uint8, device=self.device)
             dist.recv(data, src=self.peer, group=self.group)
             return LinkMessage(op, session, payload=_from_json_bytes(data))
         if op is Op.CHUNK:
@@ -254,9 +255,9 @@ class DecoderLink:
             t_taken, t_diffused = times.tolist()
             return LinkMessage(op, session, chunk, latents=latents, pcm=audio[:samples].cpu().numpy().copy(),
                                times=(t_taken, t_diffused), speech_samples=speech, ends_segment=bool(ends),
-                               clear_epoch=epoch, finite=not payload_len)
+                               clear_epoch=epoch, finite=not slot4)
         if op is Op.REWIND:
-            return LinkMessage(op, session, chunk, lead_s=samples / 1e6, oldest=payload_len, interrupt=bool(speech),
+            return LinkMessage(op, session, chunk, lead_s=samples / 1e6, oldest=slot4, interrupt=bool(speech),
                                next_chunk_s=ends / 1e6)
         return LinkMessage(op, session, chunk)
 
