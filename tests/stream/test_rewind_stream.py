@@ -138,7 +138,7 @@ def test_decoder_rewind_drops_queued_and_decoding_chunks_and_restores_the_causal
     rewinder.start()  # waits for the delivery in progress (the stage's lock)
     out.gate.set()
     rewinder.join(30)
-    assert set(stage.rewind_dropped) <= {2, 3, 4}, stage.rewind_dropped  # chunk 2 may have been in flight
+    assert stage.rewind_dropped == [2, 3, 4], "the thread was delivering chunk 1: chunks 2..4 were queued"
     for n in (2, 3):
         stage.submit(chunk(n, seed=1))  # the speech-made chunks from the rewind point
     stage.close()
@@ -151,6 +151,34 @@ def test_decoder_rewind_drops_queued_and_decoding_chunks_and_restores_the_causal
     ref_stage.close()
     for a, b in zip(out.got, ref.got, strict=True):
         assert np.array_equal(a.frames, b.frames), f"chunk {a.index}: rewound decode differs from the fresh one"
+
+
+def test_a_chunk_the_thread_has_taken_is_on_the_rewinds_record_at_once(vae):
+    """The decoder thread's get and its record of the chunk it took are one step under the queue's mutex: a rewind
+    that comes while the thread is held just after the get (as a thread switch can hold it) still lists the chunk
+    (before: it was off `rewind_dropped`, and the decoder rank told rank 0 it had dropped fewer chunks than it
+    had). The thread's get is wrapped to stop right after it returns."""
+    stage = DecoderStage(vae, Collect(), queue_chunks=2)
+    got, go = threading.Event(), threading.Event()
+    get = stage._queue.get
+
+    def get_then_pause():
+        item = get()
+        got.set()
+        assert go.wait(30)
+        return item
+
+    stage._queue.get = get_then_pause
+    stage.start()
+    try:
+        stage.submit(chunk(0, seed=0))
+        assert got.wait(30), "the decoder thread took the chunk"
+        stage.rewind(0)
+        assert stage.rewind_dropped == [0], "the chunk just taken is dropped and on the record"
+    finally:
+        go.set()
+        stage.close()
+    assert stage.decode_ms == [], "the dropped chunk was not decoded"
 
 
 def test_decoder_rewind_to_zero_and_beyond_what_it_keeps(vae):

@@ -67,6 +67,21 @@ class _Handoff:
 _STOP = object()
 
 
+class _HandoffQueue(queue.Queue):
+    """The stage's bounded queue; `taken` is the item `get` handed out last, recorded under the queue's own mutex
+    (the `_get` hook `queue.PriorityQueue` overrides too), so a rewind holding that mutex sees every chunk either
+    queued or taken, never between the two. The stage clears `taken` under its lock once the item is delivered or
+    found stale."""
+
+    def __init__(self, maxsize: int) -> None:
+        super().__init__(maxsize)
+        self.taken: object | None = None
+
+    def _get(self) -> object:
+        self.taken = item = self.queue.popleft()
+        return item
+
+
 class DecoderStage:
     """Decodes `LatentChunk`s in order on `vae`'s device, in a thread; results go to `on_decoded`.
 
@@ -85,14 +100,13 @@ class DecoderStage:
         self._cuts: list[int] = []  # rewind e + 1 dropped the chunks ≥ _cuts[e] submitted before it
         self._last_done = -1  # index of the last chunk decoded into the cache
         self._inflight: int | None = None  # index of the chunk being decoded
-        self._taken: int | None = None  # index of the chunk the thread took from the queue and has not delivered
         self._snapshots: dict[int, object] = {}  # chunk → the causal state right after it
         self.rewind_dropped: list[int] = []  # the chunks the latest rewind dropped (queued, or taken and not delivered)
         self.vae = vae
         self.device = next(vae.parameters()).device
         self.on_decoded = on_decoded
         self.now = now
-        self._queue: queue.Queue = queue.Queue(maxsize=queue_chunks)
+        self._queue = _HandoffQueue(queue_chunks)  # .taken: the item the thread took and has not delivered
         self._cache = vae.new_cache()
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -147,8 +161,9 @@ class DecoderStage:
                 self._queue.queue.clear()
                 self._queue.queue.extend(kept_items)
                 self._queue.not_full.notify_all()
-            if self._taken is not None and self._taken >= to_chunk:  # taken from the queue: discarded by its epoch
-                dropped.insert(0, self._taken)
+                taken = self._queue.taken
+                if taken is not None and taken is not _STOP and taken.chunk.index >= to_chunk:
+                    dropped.insert(0, taken.chunk.index)  # taken from the queue: discarded by its epoch
             if self._last_done >= to_chunk or (self._inflight is not None and self._inflight >= to_chunk):
                 # a fresh object: a decode in flight keeps writing into the old one, and is then discarded
                 self._cache = self._snapshots[to_chunk - 1].snapshot() if to_chunk > 0 else self.vae.new_cache()
@@ -224,7 +239,6 @@ class DecoderStage:
                 item = self._queue.get()
                 if item is _STOP:
                     return
-                self._taken = item.chunk.index  # cleared under the lock when it is delivered or found stale
                 self._decode_one(item)
         except BaseException as exc:  # noqa: BLE001 (re-raised on the producer's side)
             self._error = exc
@@ -242,7 +256,7 @@ class DecoderStage:
         chunk = item.chunk
         with self.lock:
             if self._stale(item):
-                self._taken = None
+                self._queue.taken = None
                 return
             cache = self._cache
             self._inflight = chunk.index
@@ -265,7 +279,7 @@ class DecoderStage:
         times["decoded"] = self.now()
         with self.lock:
             self._inflight = None
-            self._taken = None
+            self._queue.taken = None
             if self._stale(item) or cache is not self._cache:  # a rewind came while it was decoded
                 return
             self.decode_ms.append(ms)
