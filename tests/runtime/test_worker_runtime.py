@@ -21,7 +21,8 @@ import av
 import numpy as np
 import pytest
 from vivant.sessions.flags import FlagStore
-from vivant.worker.serving.service import MAX_FAULTED_SECONDS
+from vivant.worker.serving.runner import EXIT_FAULT
+from vivant.worker.serving.service import MAX_FAULTED_SECONDS, MAX_FAULTED_SESSIONS
 from worker_proc import POOL, WorkerProcess, assignment, free_port, overflowing_checkpoint, wait_for
 
 FUSED, UNFUSED, NO_TP = "fused_gemm_all_reduce", "gemm_then_all_reduce", "no_tp"
@@ -285,11 +286,13 @@ def test_bad_audio_on_rank0_ends_the_session_cleanly_on_every_rank(redis_url, tm
     assert code == 0, f"bad input must not stop the worker (exit {code}):\n{w.log()[-3000:]}"
 
 
-def test_numerical_faults_cost_chunks_on_every_rank_then_end_the_session(redis_url, tmp_path):
+def test_numerical_faults_end_the_session_and_three_in_a_row_stop_the_worker(redis_url, tmp_path):
     """2 + 1 ranks on a checkpoint whose every chunk overflows: each DiT rank restarts its model state after each chunk
     at the same boundary (they run in step, or rank 0 would refuse them), the session's chunk count goes on on every
     rank and on the decoder rank (which holds its last frame instead of decoding NaN), and after 5 s of video made
-    of faulted chunks the session ends Failed by itself, naming the fault; the worker serves on."""
+    of faulted chunks the session ends Failed by itself, naming the fault; the worker serves on. When such faults end
+    MAX_FAULTED_SESSIONS sessions in a row, the worker process exits with the rank-failure code (3) and leaves the
+    registry, so Kubernetes restarts its container; no session is left leased."""
     limit = round(MAX_FAULTED_SECONDS * 6)  # chunks: 1/6 s each
     w = WorkerProcess(redis_url, tmp_path, "--rank-timeout", RANK_TIMEOUT, "--runner", "pipeline",
                       "--checkpoint", str(overflowing_checkpoint(tmp_path)), worker_id="worker-nan", tp=2)
@@ -313,9 +316,21 @@ def test_numerical_faults_cost_chunks_on_every_rank_then_end_the_session(redis_u
         assert len(frames) == 4 * limit, f"{len(frames)} frames for {limit} chunks of 4"
         assert max(int(fr.max()) for fr in frames) <= 16, "a faulted chunk was decoded: expected held black frames"
         wait_for("idle again", lambda: w.registry.idle_workers(POOL) == ["worker-nan"], 10)
+        assert w.proc.poll() is None, "one faulted session must not stop the worker"
+        for n in range(2, MAX_FAULTED_SESSIONS + 1):
+            if n > 2:
+                wait_for("idle again", lambda: w.registry.idle_workers(POOL) == ["worker-nan"], 10)
+            w.assign(f"ns/nan-{n}")
+            final = w.ended(f"ns/nan-{n}")
+            w.assert_released(f"ns/nan-{n}")
+            assert final.phase == "Failed" and final.numerical_fault, final
+        code = w.proc.wait(30)
     finally:
-        code = w.stop()
-    assert code == 0, f"numerical faults must not stop the worker (exit {code}):\n{w.log()[-3000:]}"
+        stopped = w.stop()
+    assert code == stopped == EXIT_FAULT, (
+        f"{MAX_FAULTED_SESSIONS} faulted sessions in a row: expected exit {EXIT_FAULT}, got {code}:\n{w.log()[-3000:]}")
+    assert w.registry.workers(POOL) == {}, "the stopped worker is still registered"
+    assert f"numerical faults ended {MAX_FAULTED_SESSIONS} sessions in a row" in w.log(), w.log()[-3000:]
 
 
 # ---- bad layouts ------------------------------------------------------------------------------------------
