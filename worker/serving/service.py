@@ -327,7 +327,8 @@ class WorkerService:
             self._ack(a)
             if isinstance(exc, WorkerFault):
                 self.fail(str(exc))
-            failed = stats.model_copy(update={"phase": "Failed", "end_reason": failure_reason(exc)})
+            # validated (model_copy(update=) is not): the phase is the enum, as every other report's
+            failed = SessionStats.model_validate(stats.model_dump() | {"phase": "Failed", "end_reason": failure_reason(exc)})
             self._finish(a, failed, failed.end_reason or "")
             return failed
         self._ack(a)  # the session has started: the assignment is no longer at risk
