@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from engine_runs import rel_rms
 from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.generator import ChunkGenerator
 
@@ -34,10 +35,6 @@ def run(cfg: ModelConfig, mode: str, fp8: bool, chunks: int = CHUNKS, gen_hook=N
         outs.append(out.latents)
         resets += out.reset
     return outs, resets
-
-
-def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm())
 
 
 @pytest.fixture(scope="module")
