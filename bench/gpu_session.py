@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,14 +28,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from vivant.ports import free_port
 
 TARGET_FPS = 23.5
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait(what: str, cond, timeout: float, every: float = 0.2):  # noqa: ANN001, ANN202
@@ -68,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from vivant.sessions.registry import Registry
 
     work = Path(tempfile.mkdtemp(prefix="vivant-session-"))
-    port = _free_port()
+    port = free_port()
     redis_proc = subprocess.Popen([args.redis_server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                                    "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"

@@ -26,7 +26,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ from pathlib import Path
 from livekit import api as lkapi
 from vivant.bench.call_recorder import CallMeasurement, UserRecorder, write_mp4
 from vivant.devcluster.livekit import LiveKitState, LocalLiveKit
+from vivant.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT_SCRIPT = ROOT / "examples" / "livekit_agent" / "agent.py"
@@ -46,12 +46,6 @@ AGENT_NAME = "vivant-example"
 AVATAR_IDENTITY = "runway-avatar-agent"  # the Runway plugin's default avatar participant identity
 POOL = "local"
 AVATAR_ID = "ada"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 from vivant.devcluster import pki
 from vivant.devcluster.binaries import ClusterBinaries, ensure_binaries, tool
+from vivant.ports import free_port
 
 KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 STAGES = Path(__file__).with_name("kwok_stages.yaml")  # how kwok moves nodes and pods (see the file)
@@ -45,12 +46,6 @@ GPU_RESOURCE = "nvidia.com/gpu"
 DEV_API_KEY = "vivant-dev-api-key"
 DEV_LIVEKIT_KEY = "devkey"
 DEV_LIVEKIT_SECRET = "vivant-dev-livekit-secret-0123456789"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass(frozen=True)

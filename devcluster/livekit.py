@@ -22,12 +22,7 @@ from pathlib import Path
 
 import yaml
 from vivant.devcluster.binaries import ensure_livekit_server
-
-
-def _free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from vivant.ports import free_port
 
 
 @dataclass
@@ -95,7 +90,7 @@ class LocalLiveKit:
             assert self.state is not None
             return self.state
         self.dir.mkdir(parents=True, exist_ok=True)
-        ports = {"http": _free_port(), "tcp": _free_port(), "udp": _free_port(socket.SOCK_DGRAM)}
+        ports = {"http": free_port(), "tcp": free_port(), "udp": free_port(socket.SOCK_DGRAM)}
         return self._start(ports, timeout)
 
     def restart(self, timeout: float = 30.0) -> LiveKitState:

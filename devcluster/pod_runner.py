@@ -44,7 +44,8 @@ from typing import Any
 import kubernetes
 import yaml
 from kubernetes.client.rest import ApiException
-from vivant.devcluster.cluster import KWOK_ANNOTATION, RUN_BY_ANNOTATION, ClusterState, free_port
+from vivant.devcluster.cluster import KWOK_ANNOTATION, RUN_BY_ANNOTATION, ClusterState
+from vivant.ports import free_port
 
 HOST_PORTS_ANNOTATION = "dev.vivant.dev/host-ports"
 RESTARTS_ANNOTATION = "dev.vivant.dev/restarts"

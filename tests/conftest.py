@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from servers import RedisServer, free_port  # noqa: F401 (re-exported for fixtures below)
+from servers import RedisServer
 
 
 @pytest.fixture(scope="session")

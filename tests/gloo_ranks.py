@@ -18,24 +18,18 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
-import socket
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from vivant.ports import free_port
 
 # Imported once by the fork server (a module missing here is skipped by multiprocessing, not an error).
 PRELOAD = ["torch", "torch.distributed", "gloo_ranks", "numpy", "pytest", "vivant.worker.model.model",
            "vivant.worker.model.generator", "vivant.worker.model.engine", "vivant.worker.model.tp",
            "vivant.worker.model.fused_tp", "vivant.worker.model.fast_parts", "vivant.kernels.fp8"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_entry(rank: int, fn_pickle: bytes, sys_path: list[str], environ: dict[str, str], world: int, port: int,
@@ -58,6 +52,6 @@ def _rank_entry(rank: int, fn_pickle: bytes, sys_path: list[str], environ: dict[
 def run_ranks(fn, world: int, out_dir: str | Path) -> list:
     """Run `fn(rank, world, out_dir)` on `world` gloo ranks; returns each rank's `rank{r}.pt` contents."""
     multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)  # used when the server starts
-    mp.start_processes(_rank_entry, args=(pickle.dumps(fn), list(sys.path), dict(os.environ), world, _free_port(),
+    mp.start_processes(_rank_entry, args=(pickle.dumps(fn), list(sys.path), dict(os.environ), world, free_port(),
                                           str(out_dir)), nprocs=world, join=True, start_method="forkserver")
     return [torch.load(Path(out_dir) / f"rank{r}.pt") for r in range(world)]

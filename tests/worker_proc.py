@@ -13,7 +13,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,12 +23,6 @@ from vivant.sessions.models import Assignment, SessionStats
 from vivant.sessions.registry import Registry
 
 POOL = "ns/gpu-pool"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(what: str, cond, timeout: float = 60.0, every: float = 0.05):

@@ -32,7 +32,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from vivant.devcluster import pki
 from vivant.devcluster.binaries import tool
-from vivant.devcluster.cluster import LocalCluster, free_port
+from vivant.devcluster.cluster import LocalCluster
+from vivant.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "vivant"

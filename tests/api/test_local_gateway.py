@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from servers import free_port
 from vivant.gateway.local import LocalSessionApi
 from vivant.gateway.server import ApiConfig, ApiKeys, AvatarEntry
+from vivant.ports import free_port
 from vivant.sessions.models import Assignment, EndRequest, SessionStats, WorkerInfo
 from vivant.sessions.registry import Registry
 

@@ -72,7 +72,7 @@ def test_keys_file_is_reread_when_the_secret_changes(tmp_path: Any) -> None:
 
 
 async def test_kubernetes_unreachable_is_503_with_retry_after(caplog: pytest.LogCaptureFixture) -> None:
-    from servers import free_port
+    from vivant.ports import free_port
 
     cfg = kubernetes.client.Configuration(host=f"http://127.0.0.1:{free_port()}")  # nothing listens there
     cfg.retries = 0

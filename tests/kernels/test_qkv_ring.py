@@ -15,13 +15,11 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from kernel_compare import assert_close, assert_fp8_rows_match, needs_cuda, needs_triton_cpu
+from kernel_compare import FP8, assert_close, assert_fp8_rows_match, needs_cuda, needs_triton_cpu
 from vivant.kernels.cache_write import write_kv_ref
 from vivant.kernels.qk_norm_rope import qk_norm_rope_ref
 from vivant.kernels.qkv_ring import qkv_ring_write, qkv_ring_write_ref
 from vivant.kernels.rope import rope_angles
-
-FP8 = torch.float8_e4m3fn
 
 
 @dataclass(frozen=True)

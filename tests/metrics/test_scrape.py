@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from vivant.gateway.metrics import ApiMetrics
 from vivant.operator import metrics as operator_metrics
+from vivant.ports import free_port
 from vivant.worker.serving import metrics as worker_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,14 +29,6 @@ DASHBOARD = ROOT / "charts" / "vivant" / "files" / "dashboard.json"
 POOL = "vivant-system/h200"
 
 Samples = dict[str, list[dict[str, str]]]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(port: int) -> Samples:

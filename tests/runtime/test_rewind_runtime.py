@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from servers import free_port
 from vivant.apis.feature_flags import FlagValues
+from vivant.ports import free_port
 from vivant.worker.model.config import ModelConfig
 from vivant.worker.serving.layout import RankLayout
 from vivant.worker.serving.ranks import RankSpec, RunnerKind

@@ -65,7 +65,7 @@ def test_bad_input_exits_2_names_the_problem_and_writes_nothing(redis_url: str, 
 
 
 def test_unreachable_redis_exits_1(capsys: pytest.CaptureFixture):
-    from servers import free_port
+    from vivant.ports import free_port
 
     assert cli("get", "--pool", POOL, "--redis", f"redis://127.0.0.1:{free_port()}/0") == 1
     assert "redis unavailable" in capsys.readouterr().err

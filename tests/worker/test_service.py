@@ -516,7 +516,7 @@ def test_vivant_worker_command_end_to_end(redis_url: str, tmp_path):
     import sys
 
     env = {**os.environ, "POD_NAME": "worker-cli-0", "NODE_NAME": "node-a"}
-    from servers import free_port
+    from vivant.ports import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "vivant", "worker", "--pool", POOL, "--redis", redis_url,

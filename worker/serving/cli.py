@@ -22,6 +22,7 @@ import socket
 from pathlib import Path
 
 from vivant.apis.feature_flags import FlagValues
+from vivant.ports import free_port
 from vivant.sessions.flags import FlagStore
 from vivant.sessions.models import WorkerInfo
 from vivant.sessions.registry import Registry, redis_client
@@ -109,12 +110,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="INFO")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _choice(enum, value: str, option: str, env_name: str | None = None):  # noqa: ANN001, ANN202
     try:
         return enum(value)
@@ -169,7 +164,7 @@ def rank_spec(args: argparse.Namespace) -> RankSpec:
         raise ValueError("cpu-threads and rank-timeout: expected positive values, got "
                          f"{args.cpu_threads} and {args.rank_timeout}")
     layout = RankLayout(tp=tp, device=device, decoder_device=decoder)  # ConfigError (a ValueError) on bad tp
-    return RankSpec(layout=layout, init_method=f"tcp://127.0.0.1:{_free_port()}", preset=args.preset, mode=mode,
+    return RankSpec(layout=layout, init_method=f"tcp://127.0.0.1:{free_port()}", preset=args.preset, mode=mode,
                     engine=engine, runner=runner, weights=str(weights) if weights else None,
                     vae_weights=args.vae_weights, vae=vae, out_dir=args.out, speak=args.speak, timeout_s=args.rank_timeout,
                     cpu_threads=args.cpu_threads, log_level=args.log_level)
