@@ -15,24 +15,14 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
+from polling import wait_for
 from vivant.sessions.models import Assignment, SessionStats
 from vivant.sessions.registry import Registry
 
 POOL = "ns/gpu-pool"
-
-
-def wait_for(what: str, cond, timeout: float = 60.0, every: float = 0.05):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = cond()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def overflowing_checkpoint(folder: Path) -> Path:

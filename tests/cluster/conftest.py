@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import polling
 import pytest
 from vivant.devcluster.binaries import tool
 from vivant.devcluster.cluster import ClusterSpec, LocalCluster, NodePoolSpec
@@ -39,18 +39,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def wait_for(check: Callable[[], Any], what: str, timeout: float = 30.0, period: float = 0.25) -> Any:
-    """Poll `check()` until it returns a truthy value; fail naming `what` and the last value/error."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except Exception as exc:  # not there yet
-            last = f"{type(exc).__name__}: {exc}"
-        time.sleep(period)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+    """`polling.wait_for` in the cluster tests' argument order, an error from `check` counting as not yet."""
+    return polling.wait_for(what, check, timeout, period, retry_on=(Exception,))
 
 
 class Kube:

@@ -20,11 +20,12 @@ import urllib.request
 import av
 import numpy as np
 import pytest
+from polling import wait_for
 from vivant.ports import free_port
 from vivant.sessions.flags import FlagStore
 from vivant.worker.serving.runner import EXIT_FAULT
 from vivant.worker.serving.service import MAX_FAULTED_SECONDS, MAX_FAULTED_SESSIONS
-from worker_proc import POOL, WorkerProcess, assignment, overflowing_checkpoint, wait_for
+from worker_proc import POOL, WorkerProcess, assignment, overflowing_checkpoint
 
 FUSED, UNFUSED, NO_TP = "fused_gemm_all_reduce", "gemm_then_all_reduce", "no_tp"
 FLIP_AT = 3  # the fused flag is set once the session reported this many chunks

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import polling
 import pytest
 from servers import RedisServer
 from vivant.apis import resources as r
@@ -150,16 +151,7 @@ class Fleet:
 
 
 def wait_for(what: str, cond: Callable[[], object], timeout: float = 30.0) -> object:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            value = cond()
-        except RegistryUnavailable:
-            value = None
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return polling.wait_for(what, cond, timeout, retry_on=(RegistryUnavailable,))
 
 
 @pytest.fixture

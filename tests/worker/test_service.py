@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+import polling
 import pytest
 from vivant.apis.feature_flags import FlagValues
 from vivant.sessions.flags import FlagStore
@@ -71,16 +72,7 @@ class RecordingRunner:
 
 
 def wait_for(what: str, cond: Callable[[], object], timeout: float = 10.0) -> object:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            value = cond()
-        except Exception:  # noqa: BLE001 (e.g. Redis down while polling)
-            value = None
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return polling.wait_for(what, cond, timeout, every=0.02, retry_on=(Exception,))  # e.g. Redis down while polling
 
 
 def assignment(session_id: str = "ns/s1", **over) -> Assignment:

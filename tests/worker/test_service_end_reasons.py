@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import polling
 import pytest
 from vivant.apis.feature_flags import FlagValues
 from vivant.sessions.flags import FlagStore
@@ -45,13 +46,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def wait_for(what: str, cond: Callable[[], Any], timeout: float = 15.0) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return polling.wait_for(what, cond, timeout, every=0.02)
 
 
 def assignment(session_id: str = "ns/s1", **over: Any) -> Assignment:
