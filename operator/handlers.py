@@ -386,6 +386,7 @@ def pool_tick(body, spec, meta, status, namespace, name, patch, memo, session_vi
         else:
             _roll(body, namespace, name, sts, memo)
         counts = reconcile.pool_status(name, namespace, memo.registry, plan.replicas)
+        failures = memo.registry.worker_failures(pool)
         flagset, flag_patch = reconcile.apply_spec_flags(
             name, namespace, parsed, int(meta.get("generation") or 1), dict(status), memo.flags)
     except (RegistryUnavailable, kube.ApiException) as exc:
@@ -399,6 +400,7 @@ def pool_tick(body, spec, meta, status, namespace, name, patch, memo, session_vi
     patch.status.update({**counts, **flag_patch})
     memo.metrics.set_pool_workers(pool, desired=plan.replicas, idle=counts["idle"], busy=counts["busy"],
                                   starting=counts["starting"], draining=counts["draining"])
+    memo.metrics.observe_worker_failures(pool, failures)
     counts: dict[tuple[str, str, str], int] = {}
     for key, views in session_views.items():
         for v in views:

@@ -18,6 +18,7 @@ Series (all prefixed `vivant_operator_`):
 | pool_desired_workers | gauge | pool | workers the pool should run now (busy + minIdle, capped by maxWorkers) |
 | reconcile_errors_total | counter | kind | handler failures per resource kind (CharacterSession, WorkerPool, ...) |
 | flag_rollbacks_total | counter | pool, flag, reason | feature-flag rollbacks (a flag turned off after being on) |
+| worker_failures_total | counter | pool, kind | workers that failed: `fault` (stopped themselves on a fault, exit code 3), `lost` (reaped after their heartbeat stopped); from the registry's per-pool counts (`observe_worker_failures`) |
 | build_info | gauge (=1) | version | present while the operator runs (absent-metric alerts key on it) |
 | reconcile_duration_seconds | histogram | handler | one run of a handler: `assign` (one session), `session_sweep` (all sessions of one pool), `release` (a delete, until the worker gave the lease back) |
 | queue_depth | gauge | queue, pool | work waiting in the control plane: `waiting_for_worker` (sessions Pending with no worker), `awaiting_end` (deleted sessions whose worker has not stopped yet), `status_writes` (sessions with a status patch not yet written; pool `all`) |
@@ -30,6 +31,7 @@ from collections.abc import Mapping
 from functools import cache
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from vivant.sessions.registry import WORKER_FAILURE_KINDS
 
 WORKER_STATES = ("idle", "busy", "starting", "draining")
 ASSIGNMENT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -73,6 +75,11 @@ class OperatorMetrics:
             "vivant_operator_queue_depth", "Work waiting in the control plane, per queue and pool.",
             ["queue", "pool"], registry=r,
         )
+        self._failures = Counter(
+            "vivant_operator_worker_failures", "Workers that failed: fault (stopped on a fault), lost (reaped).",
+            ["pool", "kind"], registry=r,
+        )
+        self._failures_seen: dict[tuple[str, str], int] = {}  # (pool, kind) -> the registry's count last observed
         self._build = Gauge("vivant_operator_build_info", "1 while the operator runs.", ["version"], registry=r)
         self._build.labels(version=version).set(1)
 
@@ -126,6 +133,12 @@ class OperatorMetrics:
                 self._queue.remove(queue, p)
             except KeyError:
                 pass
+        for kind in WORKER_FAILURE_KINDS:
+            self._failures_seen.pop((p, kind), None)
+            try:
+                self._failures.remove(p, kind)
+            except KeyError:
+                pass
 
     def observe_reconcile(self, handler: str, seconds: float) -> None:
         if handler not in HANDLERS:
@@ -146,6 +159,21 @@ class OperatorMetrics:
 
     def reconcile_error(self, kind: str) -> None:
         self._errors.labels(kind=_name("kind", kind)).inc()
+
+    def observe_worker_failures(self, pool: str, counts: Mapping[str, int]) -> None:
+        """Advance the failures counter to the registry's per-pool counts {kind: n} (`Registry.worker_failures`).
+        The first observation of a pool in this process is the baseline (the series starts at 0, so an operator
+        restart does not count the pool's history again); a count that went down (Redis restarted empty) is the
+        new baseline."""
+        p = _name("pool", pool)
+        unknown = set(counts) - set(WORKER_FAILURE_KINDS)
+        if unknown:
+            raise ValueError(f"kind: expected one of {', '.join(WORKER_FAILURE_KINDS)}, got {sorted(unknown)}")
+        checked = {kind: _count(kind, counts.get(kind, 0)) for kind in WORKER_FAILURE_KINDS}  # all, before any change
+        for kind, n in checked.items():
+            seen = self._failures_seen.get((p, kind))
+            self._failures.labels(pool=p, kind=kind).inc(n - seen if seen is not None and n > seen else 0)
+            self._failures_seen[(p, kind)] = n
 
     def flag_rollback(self, pool: str, flag: str, reason: str) -> None:
         self._rollbacks.labels(pool=_name("pool", pool), flag=_name("flag", flag), reason=_name("reason", reason)).inc()

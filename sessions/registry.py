@@ -11,6 +11,7 @@ Key layout (prefix `vivant:`), per pool P and worker W, session S:
   pool:P:idle      set    warm, free, not draining: claimable
   pool:P:busy      hash   W -> S  (the lease)
   pool:P:draining  set    workers to take no new sessions (scale-down)
+  pool:P:worker_failures hash  fault | lost -> workers that stopped on a fault (deregistered, failed) | were reaped
   worker_pool      hash   W -> P
   session_worker   hash   S -> W
   worker:W         string WorkerInfo JSON
@@ -64,6 +65,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "vivant:"
 SESSION_RECORD_TTL_S = 24 * 3600
+WORKER_FAILURE_KINDS = ("fault", "lost")  # Registry.worker_failures
 DEADLETTER_MAX = 10_000
 MAX_BLOCK_S = 5.0  # longest single blocking inbox wait; keeps it under the client's socket timeout
 
@@ -310,10 +312,13 @@ class Registry:
         return bool(self._abandon(args=[self.prefix, pool, worker_id, session_id, reason, SESSION_RECORD_TTL_S]))
 
     @guarded
-    def deregister(self, worker_id: str, pool: str, reason: str = "worker deregistered") -> str | None:
-        """Graceful shutdown: remove the worker everywhere. Returns the session it held (now marked
-        lost with `reason`), if any."""
-        return _s(self._deregister(args=[self.prefix, pool, worker_id, reason, SESSION_RECORD_TTL_S])) or None
+    def deregister(self, worker_id: str, pool: str, reason: str = "worker deregistered", *,
+                   failed: bool = False) -> str | None:
+        """Remove the worker everywhere. Returns the session it held (now marked lost with `reason`), if any.
+        `failed`: the worker stops on a fault (it exits for Kubernetes to restart it); counted once in
+        `worker_failures` as "fault" while it is still registered."""
+        return _s(self._deregister(args=[self.prefix, pool, worker_id, reason, "1" if failed else "0",
+                                          SESSION_RECORD_TTL_S])) or None
 
     # ==============================================================================================
     # operator side
@@ -360,13 +365,23 @@ class Registry:
     @guarded
     def reap_dead_workers(self, pool: str) -> list[tuple[str, str | None]]:
         """Remove workers silent for `reap_grace_s` while Redis was reachable; returns (worker_id, session
-        it held or None) so the operator can mark those sessions Failed. Their sessions are marked lost."""
+        it held or None) so the operator can mark those sessions Failed. Their sessions are marked lost; each
+        reaped worker counts in `worker_failures` as "lost"."""
         settled_s = float(self.redis.info("server")["uptime_in_seconds"]) + 1.0  # whole seconds, rounded down
         if self.last_unavailable is not None:
             settled_s = min(settled_s, time.monotonic() - self.last_unavailable)
         flat = [_s(x) for x in self._reap(args=[self.prefix, pool, int(self.reap_grace_s * 1000),
                                                 int(settled_s * 1000), SESSION_RECORD_TTL_S])]
         return [(flat[i], flat[i + 1] or None) for i in range(0, len(flat), 2)]  # type: ignore[misc]
+
+    @guarded
+    def worker_failures(self, pool: str) -> dict[str, int]:
+        """Workers of `pool` that failed, by kind, since the pool's keys were made (a Redis restarted empty counts
+        from 0 again): "fault" (stopped themselves on a fault: a rank died, numerical faults in a row; exit code
+        3) and "lost" (reaped after their heartbeat stopped: killed, out of memory, node gone)."""
+        raw = self.redis.hgetall(self._k("pool", pool, "worker_failures"))
+        counts = {_s(k): int(v) for k, v in raw.items()}
+        return {kind: counts.get(kind, 0) for kind in WORKER_FAILURE_KINDS}
 
     @guarded
     def pool_counts(self, pool: str) -> PoolCounts:

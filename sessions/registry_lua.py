@@ -169,12 +169,18 @@ for _, w in ipairs(redis.call('SMEMBERS', pk(pool, 'workers'))) do
     table.insert(out, s)
   end
 end
+if #out > 0 then redis.call('HINCRBY', pk(pool, 'worker_failures'), 'lost', #out / 2) end
 return out
 """
 
-# ARGV: prefix, pool, worker, reason, ttl s -> session id | ''
+# ARGV: prefix, pool, worker, reason, failed ('1' | '0'), ttl s -> session id | ''. A failed worker still
+# registered counts once in pool:P:worker_failures 'fault' (deregistering it again counts nothing).
 DEREGISTER = LUA_HELPERS + DROP_WORKER_FN + """
-return drop(ARGV[2], ARGV[3], ARGV[4])
+local pool, w = ARGV[2], ARGV[3]
+if ARGV[5] == '1' and redis.call('SISMEMBER', pk(pool, 'workers'), w) == 1 then
+  redis.call('HINCRBY', pk(pool, 'worker_failures'), 'fault', 1)
+end
+return drop(pool, w, ARGV[4])
 """
 
 # ARGV: prefix, pool, worker, session, reason, ttl s -> 1 | 0: give up a held session (worker restarted)

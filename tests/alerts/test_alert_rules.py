@@ -125,6 +125,9 @@ MUTATIONS = [
     ("numerical_faults_total[15m])) > 0", "numerical_faults_total[15m])) > 5"),
     ("numerical_faults_total[15m])) > 0", "numerical_faults_total[15m])) >= 0"),
     ("numerical_faults_total[15m])) > 0", "numerical_faults_total[5m])) > 0"),
+    ("worker_failures_total[30m])) > 2", "worker_failures_total[30m])) > 3"),
+    ("worker_failures_total[30m])) > 2", "worker_failures_total[30m])) > 0"),
+    ("worker_failures_total[30m])) > 2", "worker_failures_total[15m])) > 2"),
 ]
 
 

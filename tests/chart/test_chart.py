@@ -244,7 +244,7 @@ def test_dashboard_shows_fps_latency_stalls_turns_capacity_flags_and_the_control
                    "vivant_worker_session_stalls_total", "vivant:turn_latency_seconds:p50_rate15m",
                    "vivant_operator_pool_workers", "vivant_worker_kernel_path_info", "vivant_operator_flag_rollbacks_total",
                    "vivant:operator_reconcile_seconds:p99_rate5m", "vivant_operator_queue_depth",
-                   "vivant:assignment_latency_seconds:p99_rate10m"):
+                   "vivant:assignment_latency_seconds:p99_rate10m", "vivant_operator_worker_failures_total"):
         assert series in exprs, f"the dashboard has no panel reading {series}"
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids)), "panel ids repeat"

@@ -443,6 +443,11 @@ class TestWorkerLoss:
             ready = condition(status, "Ready")
             assert ready["reason"] == "WorkerLost" and "heartbeat" in ready["message"], status
             assert fleet.registry.worker_of(f"{space.name}/ada") is None
+            failures = prometheus_client.REGISTRY.get_sample_value
+            labels = {"pool": f"{space.name}/h200"}
+            wait_for(lambda: failures("vivant_operator_worker_failures_total", {**labels, "kind": "lost"}) == 1,
+                     "the reaped worker counted as lost in the operator's metrics")
+            assert failures("vivant_operator_worker_failures_total", {**labels, "kind": "fault"}) == 0
             fleet.restart("h200-0")  # the kubelet restarts the container; it re-registers warm
             wait_for(lambda: "h200-0" in fleet.registry.idle_workers(fleet.pool), "h200-0 idle again")
             space.create(session_body("bob"))

@@ -143,6 +143,26 @@ def test_pool_workers_fill_unnamed_states_with_zero_and_go_with_the_pool(registr
     assert value(registry, "vivant_operator_pool_desired_workers", pool=POOL) is None
 
 
+def test_worker_failures_follow_the_registry_counts_from_a_baseline(registry):
+    m = OperatorMetrics(registry=registry)
+
+    def failures(kind: str) -> float | None:
+        return value(registry, "vivant_operator_worker_failures_total", pool=POOL, kind=kind)
+
+    m.observe_worker_failures(POOL, {"fault": 5, "lost": 2})  # the pool's history before this process: baseline
+    assert (failures("fault"), failures("lost")) == (0.0, 0.0)
+    m.observe_worker_failures(POOL, {"fault": 7, "lost": 2})
+    m.observe_worker_failures(POOL, {"fault": 7, "lost": 3})
+    assert (failures("fault"), failures("lost")) == (2.0, 1.0)
+    m.observe_worker_failures(POOL, {"fault": 0, "lost": 0})  # Redis restarted empty: a new baseline, no decrease
+    m.observe_worker_failures(POOL, {"fault": 1})  # a kind not given counts as 0
+    assert (failures("fault"), failures("lost")) == (3.0, 1.0)
+    m.pool_deleted(POOL)
+    assert failures("fault") is None
+    m.observe_worker_failures(POOL, {"fault": 4, "lost": 4})  # a pool made again starts from a baseline again
+    assert (failures("fault"), failures("lost")) == (0.0, 0.0)
+
+
 def test_operator_build_info_is_present_from_the_start(registry):
     OperatorMetrics(registry=registry, version="1.2.3")
     assert value(registry, "vivant_operator_build_info", version="1.2.3") == 1.0
@@ -160,6 +180,9 @@ def test_operator_build_info_is_present_from_the_start(registry):
         (lambda m: m.observe_assignment(POOL, -0.5), "seconds"),
         (lambda m: m.reconcile_error(""), "kind"),
         (lambda m: m.flag_rollback(POOL, "fusedGemmAllReduce", ""), "reason"),
+        (lambda m: m.observe_worker_failures(POOL, {"oom": 1}), "kind"),
+        (lambda m: m.observe_worker_failures(POOL, {"fault": -1}), "fault"),
+        (lambda m: m.observe_worker_failures("", {"fault": 1}), "pool"),
     ],
 )
 def test_operator_rejects_bad_input_naming_the_argument(registry, call, field):

@@ -66,6 +66,8 @@ def drive_operator(m: operator_metrics.OperatorMetrics) -> None:
     m.set_pool_workers(POOL, desired=3, idle=0, busy=2, starting=1)
     m.reconcile_error("WorkerPool")
     m.flag_rollback(POOL, "fusedGemmAllReduce", "numerical_fault")
+    m.observe_worker_failures(POOL, {"fault": 0, "lost": 0})
+    m.observe_worker_failures(POOL, {"fault": 1, "lost": 0})
     for handler, seconds in (("assign", 0.004), ("session_sweep", 0.02), ("release", 0.3)):
         m.observe_reconcile(handler, seconds)
     m.set_queue_depth("waiting_for_worker", POOL, 2)

@@ -217,6 +217,7 @@ def test_a_killed_rank_ends_the_session_with_its_reason_and_leaks_no_lease(redis
         w.stop(signal.SIGKILL) if w.proc.poll() is None else w._log.close()
     assert code == 3, f"after a rank failure the worker should exit with status 3, got {code}:\n{w.log()[-3000:]}"
     assert w.registry.idle_workers(POOL) == [] and w.registry.workers(POOL) == {}, "the dead worker is still registered"
+    assert w.registry.worker_failures(POOL) == {"fault": 1, "lost": 0}, "the pool counts the worker's failure"
     for r, p in w.rank_pids().items():
         assert not os.path.exists(f"/proc/{p}") or open(f"/proc/{p}/stat").read().split()[2] == "Z", \
             f"rank {r} (pid {p}) was left running"
@@ -245,6 +246,7 @@ def test_sigterm_to_every_rank_stops_the_worker_cleanly(redis_url, tmp_path):
     assert code == 0, f"exit {code}:\n{w.log()[-3000:]}"
     assert "died" not in w.log(), "a rank died from the group's SIGTERM instead of being shut down by rank 0"
     assert w.registry.workers(POOL) == {}, "the stopped worker is still registered"
+    assert w.registry.worker_failures(POOL) == {"fault": 0, "lost": 0}, "a clean stop is no failure"
 
 
 def nan_speech(path, cfg_rate: int = 16_000, seconds: float = 1.5, nan_from_s: float = 0.6) -> int:
@@ -332,6 +334,7 @@ def test_numerical_faults_end_the_session_and_three_in_a_row_stop_the_worker(red
     assert code == stopped == EXIT_FAULT, (
         f"{MAX_FAULTED_SESSIONS} faulted sessions in a row: expected exit {EXIT_FAULT}, got {code}:\n{w.log()[-3000:]}")
     assert w.registry.workers(POOL) == {}, "the stopped worker is still registered"
+    assert w.registry.worker_failures(POOL) == {"fault": 1, "lost": 0}, "the pool counts the worker's failure"
     assert f"numerical faults ended {MAX_FAULTED_SESSIONS} sessions in a row" in w.log(), w.log()[-3000:]
 
 

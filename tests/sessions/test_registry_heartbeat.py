@@ -48,6 +48,7 @@ def test_expired_heartbeat_is_skipped_by_claims_and_reaped_with_its_session(regi
     assert registry.worker_of("ns/s1") is None
     assert "heartbeat of worker w1 expired" in (registry.lost_reason("ns/s1") or "")
     assert registry.reap_dead_workers(POOL) == [], "reaping twice returned workers again"
+    assert registry.worker_failures(POOL) == {"fault": 0, "lost": 2}, "each reaped worker counts once as lost"
     counts = registry.pool_counts(POOL)
     assert (counts.registered, counts.dead, counts.busy) == (1, 0, 1), counts
 

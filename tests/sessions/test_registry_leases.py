@@ -192,6 +192,17 @@ class TestClaimRelease:
         assert registry.pool_counts(POOL).registered == 0
         assert registry.workers(POOL) == {}
 
+    def test_a_worker_stopping_on_a_fault_counts_once_and_a_clean_stop_not_at_all(self, registry: Registry):
+        assert registry.worker_failures(POOL) == {"fault": 0, "lost": 0}, "a pool with no history"
+        for w in ("w0", "w1"):
+            registry.register(warm(w))
+        registry.claim_idle_worker(POOL, "s1")
+        assert registry.deregister("w0", POOL, reason="rank 1 died", failed=True) == "s1"
+        assert registry.deregister("w0", POOL, reason="rank 1 died", failed=True) is None  # again, at exit
+        assert registry.deregister("w1", POOL, reason="worker shut down") is None
+        assert registry.worker_failures(POOL) == {"fault": 1, "lost": 0}
+        assert registry.worker_failures("other-pool") == {"fault": 0, "lost": 0}
+
     def test_workers_lists_what_they_registered(self, registry: Registry):
         registry.register(warm("w0"))
         info = registry.workers(POOL)["w0"]

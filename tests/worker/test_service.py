@@ -149,6 +149,7 @@ class TestLifecycle:
         h = make().start()
         h.stop()
         assert h.registry.workers(POOL) == {}, "a stopped worker is still registered"
+        assert h.registry.worker_failures(POOL) == {"fault": 0, "lost": 0}, "a clean stop is no failure"
 
     def test_shutdown_mid_session_fails_it_with_the_reason_and_releases(self, make):
         h = make().start()
@@ -419,6 +420,7 @@ class TestPersistentFaults:
         assert not h.thread.is_alive(), "the worker did not stop after two faulted sessions in a row"
         assert h.service.exit_code == EXIT_FAULT
         assert h.registry.workers(POOL) == {}, "a worker that stopped is still registered"
+        assert h.registry.worker_failures(POOL) == {"fault": 1, "lost": 0}, "the pool counts the worker's failure"
 
     def test_a_session_with_finite_chunks_breaks_the_row(self, make):
         runner = FaultsFromRunner(start=0)

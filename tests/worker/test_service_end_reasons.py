@@ -241,6 +241,10 @@ def test_abort_releases_a_session_whose_chunk_loop_cannot_come_back(worker):
         assert w.registry.worker_of("ns/s1") is None and w.registry.workers(POOL) == {}
     finally:
         gate.set()
+    w.thread.join(timeout=15)
+    assert not w.thread.is_alive(), "the aborted worker's loop did not end"
+    assert w.registry.worker_failures(POOL) == {"fault": 1, "lost": 0}, \
+        "aborted, then deregistered again as the loop ended: one failure"
 
 
 def test_session_ended_needs_a_reason():

@@ -179,8 +179,13 @@ class WorkerService:
                     self._current = None
             except RegistryUnavailable:
                 log.error("worker %s: could not release session %s (redis unavailable)", self.worker_id, session)
+        self._deregister(reason)
+
+    def _deregister(self, reason: str) -> None:
+        """Leave the registry; a worker stopping on a fault (`fail`) is counted in the pool's worker failures
+        (once: the registry counts a worker only while it is still registered)."""
         try:
-            self.registry.deregister(self.worker_id, self.pool, reason=reason)
+            self.registry.deregister(self.worker_id, self.pool, reason=reason, failed=self._fatal is not None)
         except RegistryUnavailable:
             log.warning("worker %s: could not deregister (redis unavailable); the reaper will", self.worker_id)
 
@@ -203,10 +208,7 @@ class WorkerService:
         finally:
             self.stop.set()
             self._hb_thread.join(timeout=5)
-            try:
-                self.registry.deregister(self.worker_id, self.pool, reason=self._fatal or "worker shut down")
-            except RegistryUnavailable:
-                log.warning("worker %s: could not deregister (redis unavailable); the reaper will", self.worker_id)
+            self._deregister(self._fatal or "worker shut down")
 
     def _recover(self) -> None:
         n = self.registry.recover_unacked(self.worker_id)
