@@ -387,6 +387,7 @@ def pool_tick(body, spec, meta, status, namespace, name, patch, memo, session_vi
             _roll(body, namespace, name, sts, memo)
         counts = reconcile.pool_status(name, namespace, memo.registry, plan.replicas)
         failures = memo.registry.worker_failures(pool)
+        dead_letters = memo.registry.dead_letters_total()
         flagset, flag_patch = reconcile.apply_spec_flags(
             name, namespace, parsed, int(meta.get("generation") or 1), dict(status), memo.flags)
     except (RegistryUnavailable, kube.ApiException) as exc:
@@ -401,6 +402,7 @@ def pool_tick(body, spec, meta, status, namespace, name, patch, memo, session_vi
     memo.metrics.set_pool_workers(pool, desired=plan.replicas, idle=counts["idle"], busy=counts["busy"],
                                   starting=counts["starting"], draining=counts["draining"])
     memo.metrics.observe_worker_failures(pool, failures)
+    memo.metrics.observe_dead_letters(dead_letters)
     counts: dict[tuple[str, str, str], int] = {}
     for key, views in session_views.items():
         for v in views:

@@ -18,6 +18,7 @@ Series (all prefixed `vivant_operator_`):
 | pool_desired_workers | gauge | pool | workers the pool should run now (busy + minIdle, capped by maxWorkers) |
 | reconcile_errors_total | counter | kind | handler failures per resource kind (CharacterSession, WorkerPool, ...) |
 | flag_rollbacks_total | counter | pool, flag, reason | feature-flag rollbacks (a flag turned off after being on) |
+| inbox_dead_letters_total | counter | — | inbox messages workers rejected as malformed (the registry's dead-letter list, `observe_dead_letters`): an operator and workers that disagree on the message format |
 | worker_failures_total | counter | pool, kind | workers that failed: `fault` (stopped themselves on a fault, exit code 3), `lost` (reaped after their heartbeat stopped); from the registry's per-pool counts (`observe_worker_failures`) |
 | build_info | gauge (=1) | version | present while the operator runs (absent-metric alerts key on it) |
 | reconcile_duration_seconds | histogram | handler | one run of a handler: `assign` (one session), `session_sweep` (all sessions of one pool), `release` (a delete, until the worker gave the lease back) |
@@ -79,7 +80,11 @@ class OperatorMetrics:
             "vivant_operator_worker_failures", "Workers that failed: fault (stopped on a fault), lost (reaped).",
             ["pool", "kind"], registry=r,
         )
-        self._failures_seen: dict[tuple[str, str], int] = {}  # (pool, kind) -> the registry's count last observed
+        self._dead_letters = Counter(
+            "vivant_operator_inbox_dead_letters", "Inbox messages workers rejected as malformed.", registry=r,
+        )
+        # a registry count last observed, per counter child: (pool, kind) or "dead_letters" -> n
+        self._seen: dict[object, int] = {}
         self._build = Gauge("vivant_operator_build_info", "1 while the operator runs.", ["version"], registry=r)
         self._build.labels(version=version).set(1)
 
@@ -134,7 +139,7 @@ class OperatorMetrics:
             except KeyError:
                 pass
         for kind in WORKER_FAILURE_KINDS:
-            self._failures_seen.pop((p, kind), None)
+            self._seen.pop((p, kind), None)
             try:
                 self._failures.remove(p, kind)
             except KeyError:
@@ -171,9 +176,19 @@ class OperatorMetrics:
             raise ValueError(f"kind: expected one of {', '.join(WORKER_FAILURE_KINDS)}, got {sorted(unknown)}")
         checked = {kind: _count(kind, counts.get(kind, 0)) for kind in WORKER_FAILURE_KINDS}  # all, before any change
         for kind, n in checked.items():
-            seen = self._failures_seen.get((p, kind))
-            self._failures.labels(pool=p, kind=kind).inc(n - seen if seen is not None and n > seen else 0)
-            self._failures_seen[(p, kind)] = n
+            self._advance(self._failures.labels(pool=p, kind=kind), (p, kind), n)
+
+    def observe_dead_letters(self, total: int) -> None:
+        """Advance the dead-letters counter to the registry's count (`Registry.dead_letters_total`), from a
+        baseline as `observe_worker_failures`."""
+        self._advance(self._dead_letters, "dead_letters", _count("total", total))
+
+    def _advance(self, counter, key: object, n: int) -> None:  # noqa: ANN001 (a prometheus_client Counter child)
+        """Count a registry's total n into `counter`: its first reading (per process) is the baseline, a reading
+        below the last one (Redis restarted empty) a new baseline; the series exists (at 0) from the first."""
+        seen = self._seen.get(key)
+        counter.inc(n - seen if seen is not None and n > seen else 0)
+        self._seen[key] = n
 
     def flag_rollback(self, pool: str, flag: str, reason: str) -> None:
         self._rollbacks.labels(pool=_name("pool", pool), flag=_name("flag", flag), reason=_name("reason", reason)).inc()

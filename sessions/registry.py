@@ -22,6 +22,7 @@ Key layout (prefix `vivant:`), per pool P and worker W, session S:
   session:S:stats  string SessionStats JSON (kept a day)
   session:S:lost   string why a session lost its worker (heartbeat expired, worker restarted), kept a day
   deadletter       list   malformed inbox messages with the error that rejected them (newest first)
+  deadletter_total string how many were ever rejected (the list is capped at DEADLETTER_MAX)
 
 Outages: every public method raises `RegistryUnavailable` (wrapping redis' ConnectionError/TimeoutError)
 when Redis cannot be reached; callers decide to retry (operator) or carry on (a streaming worker).
@@ -254,6 +255,7 @@ class Registry:
         pipe = self.redis.pipeline(transaction=True)
         pipe.lpush(self.deadletter_key, entry)
         pipe.ltrim(self.deadletter_key, 0, DEADLETTER_MAX - 1)
+        pipe.incr(self._k("deadletter_total"))
         pipe.lrem(self.processing_key(worker_id), 1, raw)
         pipe.execute()
 
@@ -456,6 +458,12 @@ class Registry:
     @guarded
     def idle_workers(self, pool: str) -> list[str]:
         return sorted(_s(w) for w in self.redis.smembers(self._k("pool", pool, "idle")))
+
+    @guarded
+    def dead_letters_total(self) -> int:
+        """How many inbox messages were ever rejected into the dead-letter list (the list keeps the last
+        DEADLETTER_MAX); 0 again after Redis restarted empty."""
+        return int(self.redis.get(self._k("deadletter_total")) or 0)
 
     @guarded
     def dead_letters(self, n: int = 100) -> list[dict[str, Any]]:

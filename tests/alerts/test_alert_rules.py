@@ -126,6 +126,8 @@ MUTATIONS = [
     ("numerical_faults_total[15m])) > 0", "numerical_faults_total[15m])) >= 0"),
     ("numerical_faults_total[15m])) > 0", "numerical_faults_total[5m])) > 0"),
     ("worker_failures_total[30m])) > 2", "worker_failures_total[30m])) > 3"),
+    ("dead_letters_total[15m])) > 0", "dead_letters_total[15m])) > 1"),
+    ("dead_letters_total[15m])) > 0", "dead_letters_total[5m])) > 0"),
     ("worker_failures_total[30m])) > 2", "worker_failures_total[30m])) > 0"),
     ("worker_failures_total[30m])) > 2", "worker_failures_total[15m])) > 2"),
 ]

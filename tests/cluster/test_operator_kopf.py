@@ -453,6 +453,10 @@ class TestWorkerLoss:
             space.create(session_body("bob"))
             wait_for(lambda: space.phase("bob") == "Streaming", "bob Streaming")
             assert space.phase("ada") == "Failed", "a Failed session must stay Failed"
+            before = failures("vivant_operator_inbox_dead_letters_total") or 0.0
+            fleet.registry.redis.rpush(fleet.registry.inbox_key("h200-0"), b"{not json")  # a worker rejects it
+            wait_for(lambda: failures("vivant_operator_inbox_dead_letters_total") == before + 1,
+                     "the rejected inbox message counted in the operator's metrics")
 
 
 class TestOperatorRestart:

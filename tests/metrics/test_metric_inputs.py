@@ -159,6 +159,10 @@ def test_worker_failures_follow_the_registry_counts_from_a_baseline(registry):
     assert (failures("fault"), failures("lost")) == (3.0, 1.0)
     m.pool_deleted(POOL)
     assert failures("fault") is None
+    m.observe_dead_letters(9)  # the same baseline rule for the registry's dead-letter count
+    m.observe_dead_letters(12)
+    m.observe_dead_letters(12)
+    assert value(registry, "vivant_operator_inbox_dead_letters_total") == 3.0
     m.observe_worker_failures(POOL, {"fault": 4, "lost": 4})  # a pool made again starts from a baseline again
     assert (failures("fault"), failures("lost")) == (0.0, 0.0)
 
@@ -183,6 +187,7 @@ def test_operator_build_info_is_present_from_the_start(registry):
         (lambda m: m.observe_worker_failures(POOL, {"oom": 1}), "kind"),
         (lambda m: m.observe_worker_failures(POOL, {"fault": -1}), "fault"),
         (lambda m: m.observe_worker_failures("", {"fault": 1}), "pool"),
+        (lambda m: m.observe_dead_letters(-1), "total"),
     ],
 )
 def test_operator_rejects_bad_input_naming_the_argument(registry, call, field):

@@ -68,6 +68,8 @@ def drive_operator(m: operator_metrics.OperatorMetrics) -> None:
     m.flag_rollback(POOL, "fusedGemmAllReduce", "numerical_fault")
     m.observe_worker_failures(POOL, {"fault": 0, "lost": 0})
     m.observe_worker_failures(POOL, {"fault": 1, "lost": 0})
+    m.observe_dead_letters(3)
+    m.observe_dead_letters(4)
     for handler, seconds in (("assign", 0.004), ("session_sweep", 0.02), ("release", 0.3)):
         m.observe_reconcile(handler, seconds)
     m.set_queue_depth("waiting_for_worker", POOL, 2)

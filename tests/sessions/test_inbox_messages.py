@@ -83,6 +83,7 @@ class TestMalformed:
             got = registry.next_message("w0", 2)
         assert isinstance(got, Assignment), f"the valid message after {len(BAD_MESSAGES)} bad ones was not delivered"
         dead = list(reversed(registry.dead_letters()))
+        assert registry.dead_letters_total() == len(dead), "every rejected message is counted"
         assert len(dead) == len(BAD_MESSAGES), f"expected {len(BAD_MESSAGES)} dead letters, got {len(dead)}"
         for (raw, expected), entry in zip(BAD_MESSAGES, dead, strict=True):
             assert expected in entry["error"], f"error for {raw!r} was {entry['error']!r}, expected {expected!r}"
