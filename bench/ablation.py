@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 import torch
-from vivant.bench.gpu_step import build_rank, time_chunks
+from vivant.bench.harness import build_rank, time_chunks
 from vivant.bench.memory import StepMemory
 from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.engine import Engine
@@ -138,7 +138,7 @@ def policy_kernel_times(cfg: ModelConfig, tp: int) -> dict:
     un-rotated k, v into the store, the compiled re-rotation — and for fp8 re-quantization — of the whole window)
     and that compiled function alone. µs per call replayed in a CUDA graph (as the engine runs them) and by
     do_bench (cold L2), and ms per chunk (× layers × passes)."""
-    from vivant.bench.gpu_step import _bench, graph_us
+    from vivant.bench.harness import do_bench_ms, graph_us
     from vivant.kernels.qk_norm_rope import qk_norm_rope
     from vivant.kernels.qkv_ring import qkv_ring_write
     from vivant.worker.model.whole_window import WindowStore
@@ -180,7 +180,7 @@ def policy_kernel_times(cfg: ModelConfig, tp: int) -> dict:
                          ("whole_window_function", window_function)):
             fn()  # compiles the whole-window function before any capture
             torch.cuda.synchronize()
-            g_us, b_us = graph_us(fn), _bench(fn) * 1e3
+            g_us, b_us = graph_us(fn), do_bench_ms(fn) * 1e3
             out[ring][name] = {"graph_us_per_call": g_us, "do_bench_us_per_call": b_us,
                                "graph_ms_per_chunk": g_us * calls / 1e3, "do_bench_ms_per_chunk": b_us * calls / 1e3}
         del kc, vc, img, store

@@ -12,7 +12,7 @@ pipelined vs serial. The diffusion stage is the real `ChunkGenerator` of `--gen-
 since the 57b DiT needs its 4 tensor-parallel GPUs), or with `--diffuse-ms X` a stand-in that holds the
 generator's device for X ms per chunk (reported as such in the JSON: `diffuse_stage`).
 
-JSON fields: preset, device, dtype, out_hw, chunks, decode_ms {median, p99, mean, per_chunk}, (57b on CUDA)
+JSON fields: command, date, preset, device, dtype, out_hw, chunks, decode_ms {median, p99, mean, per_chunk}, (57b on CUDA)
 target_ms and meets_target,
 two_stage {diffuse_stage, gen_preset, serial_ms_per_chunk, pipelined_ms_per_chunk, overlap_next_fraction_mean, concurrent_fraction_mean,
 intervals_ms [[diffuse_start, diffuse_end, decode_start, decode_end], ...]}.
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shlex
 import sys
 import threading
 import time
@@ -182,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
         torch.backends.cudnn.benchmark = True
     vae = build_vae_decoder(cfg, device=device, dtype=dtype, seed=args.seed)
     result = {
-        "bench": "decode", "preset": cfg.name, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
+        "bench": "decode", "command": "vivant " + shlex.join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d"),
+        "preset": cfg.name, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
         "torch": torch.__version__, "host": platform.node(), "out_hw": [cfg.out_h, cfg.out_w],
         "frames_per_chunk": cfg.temporal_factor, "chunks": args.chunks, "budget_ms": round(4000 / 24, 1),
         "decode_ms": _stats(measure_decode(vae, cfg, args.chunks, args.warmup, args.seed)),

@@ -12,8 +12,7 @@ mkdir -p "$PKG/vivant"
 for d in apis operator gateway worker kernels sessions bench devcluster; do ln -s "$PWD/$d" "$PKG/vivant/$d"; done
 for f in cli/*.py; do ln -s "$PWD/$f" "$PKG/vivant/$(basename "$f")"; done
 export PYTHONPATH="$PKG:$PWD/tests"
-# Packages the machine's image lacks travel as wheels in .whl/ (redis, pydantic, av: requirements/worker.txt's pins;
-# nvidia-cudnn-frontend for the attention probes: pyproject's `probes` extra)
+# Packages the machine's image lacks travel as wheels in .whl/ (redis, pydantic, av: requirements/worker.txt's pins)
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
@@ -29,8 +28,6 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 STEPS=${STEPS:-smoke,tests,tp4,tp1,decode}  # which parts to run (comma-separated)
 step() { case ",$STEPS," in *",$1,"*) ;; *) return 0;; esac; shift
          echo "=== $1"; shift; ( "$@" ) 2>&1 | tee -a "$OUT/log.txt" | tail -25; }
-step tune "kernel sweeps, step variants, numerics probes" python3 bench/gpu_tune.py --out "$OUT/tune.json" \
-    --parts ${TUNE_PARTS:-kernels,step,numerics}
 step smoke "smoke: tiny on cuda, the served engine (FP8 parts, CUDA graphs) vs the float parts" python3 bench/gpu_smoke.py
 step tests "gpu tests" python3 -m pytest -q -m gpu tests/kernels tests/stream/test_decode_gpu.py tests/core/test_warm_up.py \
     tests/core/test_ablation_parts_gpu.py tests/core/test_rewind.py tests/quality/test_eval_quality_gpu.py ${GPU_TESTS:-} -p no:cacheprovider
@@ -49,8 +46,6 @@ step ablation "bench step --ablation 57b tp4 rank0: one choice undone per row" p
     ${ABLATION_ARGS:-} --out "$OUT/ablation_57b_tp4_rank0${ABLATION_TAG:-}.json"
 step tp1 "bench step 57b tp1" python3 -m vivant bench step --preset 57b --tp 1 --device cuda --mode optimized \
     --chunks 20 --warmup 3 --out "$OUT/step_57b_tp1.json"
-step floor "amplification floor of the random 57b shard" python3 bench/gpu_floor.py --chunks 40 --out "$OUT/floor_57b_tp4_rank0.json"
-step tp2 "2 GPUs (NCCL): TP=2 FP8 engine, unfused vs fused GEMM + all-reduce" python3 bench/gpu_tp2.py --out "$OUT/tp2_57b_shapes.json"
 # the served runtime for one 60 s session (Redis, the worker's ranks, the pacer): REDIS_SERVER names a redis-server
 # binary (docs/BENCHMARKS.md: the Debian packages unpacked with dpkg -x), else the one on PATH
 step session "served runtime: 60 s ref session, 1 DiT rank + decoder on the same GPU" python3 bench/gpu_session.py \
@@ -59,26 +54,5 @@ step session "served runtime: 60 s ref session, 1 DiT rank + decoder on the same
 # the quality gate on what is served: the engine a worker runs (FP8 parts, CUDA graphs) vs the float32 path, ref
 step quality "eval quality: served engine on ref vs float32, held-out speech" bash -c "python3 -m vivant eval quality \
     --device cuda --wav weights/ref/data/held_out.wav --seconds ${QUALITY_SECONDS:-60} --json > $OUT/quality_ref_cuda.json"
-# the FP8-native ref checkpoint (worker/train/fp8_native.py), written on the machine, and the quality gate on it
-step native "FP8-native ref checkpoint, then the quality gate on it" bash -c "python3 -m vivant train fp8-native \
-    --out /tmp/ref_fp8_native > $OUT/fp8_native_record.json && python3 -m vivant eval quality --device cuda \
-    --weights /tmp/ref_fp8_native --wav weights/ref/data/held_out.wav --seconds ${QUALITY_SECONDS:-60} --json \
-    > $OUT/quality_ref_fp8_native_cuda.json"
-# quantization-aware fine-tune of ref under the served FP8 rounding (worker/train/fp8_qat.py), written on the machine and
-# copied to $OUT/qat/ before the gate runs on it (a failing gate loses nothing); then its figures against the shipped
-# checkpoint's (bench/quality_compare.py): $OUT/quality_ref_cuda.json when STEPS=quality ran in this call, else the
-# committed run of the shipped checkpoint (QAT_BASELINE)
-QAT_BASE=${QAT_BASELINE:-$([ -f "$OUT/quality_ref_cuda.json" ] && echo "$OUT/quality_ref_cuda.json" \
-    || echo bench/results/quality_ref_cuda_h200_2026-12-02_fp8-native.json)}
-step qat "FP8 QAT fine-tune of ref, then the quality gate on it" bash -c "rm -rf /tmp/ref_fp8_qat; \
-    python3 -m vivant train fp8-qat --weights weights/ref --device cuda --out /tmp/ref_fp8_qat ${QAT_ARGS:-} \
-    > $OUT/qat_train.txt 2>&1; rc=\$?; grep -E '\] fp8-qat' $OUT/qat_train.txt | tail -6; [ \$rc = 0 ] || exit \$rc; \
-    mkdir -p $OUT/qat && cp /tmp/ref_fp8_qat/ref_dit.safetensors /tmp/ref_fp8_qat/train_log.json $OUT/qat/ && \
-    python3 -m vivant eval quality --device cuda --weights /tmp/ref_fp8_qat --wav weights/ref/data/held_out.wav \
-    --seconds ${QUALITY_SECONDS:-60} --json > $OUT/quality_ref_cuda_qat.json; echo eval quality exit \$?; \
-    python3 bench/quality_compare.py $QAT_BASE $OUT/quality_ref_cuda_qat.json --out $OUT/quality_compare_qat.json"
-# which FP8 rounding moves the trained model, with the served engine's own parts (bench/fp8_sensitivity.py)
-step sensitivity "fp8 sensitivity on ref, the served engine's parts" python3 bench/fp8_sensitivity.py --device cuda \
-    --seconds ${SENSITIVITY_SECONDS:-20} ${SENSITIVITY_ARGS:-} --out "$OUT/fp8_sensitivity_ref_cuda.json"
 step decode "bench decode 57b" python3 -m vivant bench decode --preset 57b --device cuda --chunks 20 --json --out "$OUT/decode_57b.json"
 ls -la "$OUT"

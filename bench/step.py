@@ -1,11 +1,12 @@
 """The DiT chunk step: baseline vs optimized, same weights, same process; per-chunk median and p99 ms.
 
 On CPU (the `tiny` preset) this is a correctness harness: both modes run the same chunks and the
-relative RMS error of their latents is reported next to the timings. GPU figures at the `57b` shapes come
-from `vivant bench step --preset 57b --device cuda ...` (bench/gpu_step.py, the GPU step issue).
+relative RMS error of their latents is reported next to the timings. On a GPU with another preset
+(`vivant bench step --preset 57b --tp 4 --rank 0 --device cuda`) it times the served engine on one rank
+(bench/step_gpu.py); `--ablation` times each engine choice against its absence (bench/ablation.py).
 
-JSON fields: preset, tp, rank, device, torch, chunks, passes, baseline_ms/optimized_ms (median per chunk),
-*_p99_ms, speedup (baseline / optimized), max_rel_rms (optimized vs baseline latents), per_chunk_ms.
+JSON fields: command, date, preset, tp, rank, device, torch, chunks, passes, baseline_ms/optimized_ms (median per
+chunk), *_p99_ms, *_per_chunk_ms, speedup (baseline / optimized), max_rel_rms (optimized vs baseline latents).
 
 torch, numpy and the model are imported when the bench runs, after its arguments and preset are checked.
 """
@@ -15,15 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shlex
 import sys
 import time
 from typing import TYPE_CHECKING
 
 from vivant.worker.model.config import ModelConfig
-from vivant.worker.model.options import AttentionBackend, CacheMode
+from vivant.worker.model.options import CacheMode
 
 if TYPE_CHECKING:
-    import numpy as np
     import torch
 
 
@@ -49,45 +50,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--no-fp8", action="store_true", help="float cache instead of FP8")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--attn-backend", default="auto",
-                   choices=["auto", AttentionBackend.IMAGE.value, AttentionBackend.SDPA.value],
-                   help="GPU: the FP8 parts' attention (auto: the faster of the two, measured in the run)")
     p.add_argument("--init", default="scaled", choices=["unit", "scaled"],
-                   help="GPU: random init of the 57b shard (scaled: residual-writing projections / sqrt(2·layers))")
+                   help="GPU: random init of the rank (scaled: residual-writing projections / sqrt(2·layers))")
     p.add_argument("--attn-kv-splits", type=_splits, default="auto",
-                   help="GPU, image attention: slots in this many parts per attention call (kernels/split_kv.py), "
+                   help="GPU: slots in this many parts per attention call (kernels/split_kv.py), "
                         "or auto (worker/model/fast_parts.py auto_kv_splits)")
-    p.add_argument("--fast-accum", action="store_true", help="GPU: cuBLASLt FP8 fast accumulation in the GEMMs")
-    p.add_argument("--no-graphs", action="store_true", help="GPU: run passes eagerly (no CUDA graphs)")
-    p.add_argument("--ring", default=None, choices=["fp8", "bf16"],
-                   help="GPU: the FP8 parts' ring storage (EngineOptions.ring; bf16 needs the image attention); "
-                        "default: the served engine's")
-    p.add_argument("--o-gemm", default=None, choices=["fp8", "bf16"],
-                   help="GPU: the O projection's GEMM (EngineOptions.o_gemm); default: the served engine's")
-    p.add_argument("--gemm-algorithms", default=None, choices=["heuristic", "tuned"],
-                   help="GPU: the FP8 GEMMs' cuBLASLt algorithms (EngineOptions.gemm_algorithms); default: the served "
-                        "engine's")
-    p.add_argument("--compare-o-gemm", action="store_true",
-                   help="GPU, TP > 1: also time the engine with the other O GEMM precision in the same process "
-                        "(timed A, B, A again), JSON key o_gemm_compare")
     p.add_argument("--numerics-chunks", type=int, default=0, help="GPU: also compare modes over this many chunks")
     p.add_argument("--numerics-t-limit", type=int, default=40, help="GPU: t_limit for the numerics run (forces resets)")
     p.add_argument("--ablation", action="store_true",
                    help="time the optimized engine and the engine with one choice undone at a time (bench/ablation.py)")
     p.add_argument("--ablation-rows", default=None,
                    help="with --ablation: only these rows (comma-separated; baseline and optimized always run)")
+    p.add_argument("--ring", default=None, choices=["fp8", "bf16"],
+                   help="with --ablation: every row's ring format (EngineOptions.ring); default: the served engine's")
     p.add_argument("--json", action="store_true", help="print only the JSON document")
     p.add_argument("--out", help="also write the JSON to this file")
 
 
-def _audio(cfg: ModelConfig, n: int) -> np.ndarray:
-    import numpy as np
-
-    a, b = cfg.chunk_sample_range(n)
-    return (0.3 * np.sin(np.arange(a, b) * 2 * np.pi * 220 / cfg.audio_sample_rate)).astype(np.float32)
-
-
-def measure(cfg: ModelConfig, mode: str, args) -> tuple[list[float], list[torch.Tensor]]:
+def measure(cfg: ModelConfig, mode: CacheMode, args) -> tuple[list[float], list[torch.Tensor]]:
+    from vivant.bench.harness import time_chunks
     from vivant.worker.model.generator import ChunkGenerator
     from vivant.worker.model.model import VideoDiT, init_random_
     from vivant.worker.model.tp import apply_tensor_parallel
@@ -96,33 +77,28 @@ def measure(cfg: ModelConfig, mode: str, args) -> tuple[list[float], list[torch.
     if args.tp > 1:
         model = apply_tensor_parallel(model, args.rank, args.tp, reduce="simulated")
     gen = ChunkGenerator(cfg, mode=mode, device=args.device, seed=args.seed, fp8=not args.no_fp8, model=model)
-    times, lat = [], []
-    for n in range(args.warmup + args.chunks):
-        t0 = time.perf_counter()
-        out = gen.generate_chunk(_audio(cfg, n), cfg.audio_sample_rate)
-        dt = (time.perf_counter() - t0) * 1e3
-        if n >= args.warmup:
-            times.append(dt)
-            lat.append(out.latents.cpu())
-    return times, lat
+    return time_chunks(gen, cfg, args.warmup, args.chunks)
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = ModelConfig.from_name(args.preset)
+    if args.ring is not None and not args.ablation:
+        raise SystemExit("--ring applies to --ablation only; the step benchmark times the served engine")
     if args.ablation:
         from vivant.bench.ablation import run as run_ablation
 
         return run_ablation(args)
     if args.device.startswith("cuda") and args.preset != "tiny":
-        from vivant.bench import gpu_step  # the GPU step benchmark (FP8 GEMMs, graphs) lives there
+        from vivant.bench import step_gpu  # the served engine on one GPU rank (FP8 GEMMs, graphs)
 
-        return gpu_step.run(args)
+        return step_gpu.run(args)
     import numpy as np
     import torch
 
     modes = [CacheMode.BASELINE, CacheMode.OPTIMIZED] if args.mode == "both" else [CacheMode(args.mode)]
     result = {
-        "bench": "step", "preset": cfg.name, "tp": args.tp, "rank": args.rank, "device": args.device,
+        "bench": "step", "command": "vivant " + shlex.join(sys.argv[1:]), "preset": cfg.name, "tp": args.tp,
+        "rank": args.rank, "device": args.device,
         "cpu": platform.processor() or platform.machine(), "torch": torch.__version__, "chunks": args.chunks,
         "passes": cfg.passes, "fp8": not args.no_fp8, "date": time.strftime("%Y-%m-%d"),
     }

@@ -16,7 +16,7 @@ import sys
 # name -> (module, one-line help). Modules are imported lazily.
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("vivant.worker.stream.demo", "render a talking-character video on this machine (MP4) and print a report"),
-    "bench": ("vivant.bench.cli", "benchmarks: step (DiT chunk step), decode (VAE decoder); JSON + table"),
+    "bench": ("vivant.bench.cli", "benchmarks: step, decode, call, fleet, turn; JSON + table"),
     "worker": ("vivant.worker.serving.cli", "run a warm worker: register in Redis, wait for sessions, stream them"),
     "flags": ("vivant.sessions.flags_cli", "get/set a worker pool's live feature flags in Redis"),
     "operator": ("vivant.operator.main", "run the kopf operator (CharacterSession / WorkerPool)"),

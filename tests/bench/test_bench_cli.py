@@ -52,3 +52,13 @@ def test_only_the_chosen_bench_is_imported(monkeypatch):
     assert imported == [], "listing the benches imports none of them"
     assert parser.parse_args(["turn", "--preset", "tiny"])._bench_run.__module__ == "vivant.bench.turn"
     assert imported == ["vivant.bench.turn"]
+
+
+def test_step_refuses_an_ablation_option_without_the_ablation():
+    """`vivant bench step` times the served engine; `--ring` chooses the ablation rows' ring only, so it is refused,
+    by name, before anything is built."""
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["step", "--preset", "tiny", "--ring", "fp8"])
+    with pytest.raises(SystemExit, match="--ring applies to --ablation only"):
+        cli.run(args)

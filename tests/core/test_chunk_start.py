@@ -55,7 +55,7 @@ def test_host_rotary_angles_equal_the_caches_own():
 
 
 def test_step_bench_reports_the_host_phases_of_the_timed_chunks():
-    from vivant.bench.gpu_step import time_chunks
+    from vivant.bench.harness import time_chunks
 
     cfg = ModelConfig.from_name("tiny")
     host: dict = {}

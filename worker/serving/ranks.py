@@ -150,7 +150,7 @@ def build_dit(spec: RankSpec, rank: int, tp_group: dist.ProcessGroup) -> ChunkGe
     """This rank's shard of the DiT on the engine the spec names. Materializes the whole model on the host first
     (random weights of the preset, or the checkpoint) and slices it (worker/model/tp.py): right for the small
     presets; a 57b deployment needs a per-shard loader (meta init + per-rank materialization, as
-    bench/gpu_step.py builds one rank)."""
+    bench/harness.build_rank builds one rank)."""
     cfg = spec.model_config()
     model = init_random_(VideoDiT(cfg), seed=spec.weights_seed)
     if spec.weights is not None:
