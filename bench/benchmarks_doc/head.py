@@ -1,38 +1,51 @@
-"""The page's head: where every figure comes from (the commands, the committed JSON, the GPU and software it ran
-on, how timings are taken, the GPU test runs), then the ablation table, which opens the figures because it is the
-served engine's current cost of each choice (bench/ablation_md.py builds it)."""
+"""The page's head: what the suite is and where its results live, one table of every benchmark with its command, its
+result file, its headline figure and the date it was measured, and how the GPU results are made (bench/run_gpu.sh).
+The ablation table follows it (bench/ablation_md.py builds that)."""
 
 from __future__ import annotations
 
 from vivant.bench.ablation_md import head_section as ablation_head_section
-from vivant.bench.benchmarks_doc.results import RESULTS, load
+from vivant.bench.ablation_md import latest as latest_ablation
+from vivant.bench.benchmarks_doc import call, fleet, served, step, turn
+from vivant.bench.benchmarks_doc.results import ARCHIVE_TAG, RESULTS, day, load
+
+
+def _ablation_row() -> list[tuple[str, str, str, str, str]]:
+    path = latest_ablation(RESULTS)
+    if path is None:
+        return []
+    doc = load(path.name)
+    ms = {r["row"]: r["ms"] for r in doc["rows"] if "ms" in r}
+    undone = [v for k, v in ms.items() if k not in ("baseline", "optimized")]
+    return [("each engine choice against its absence, 57b rank, H200", doc["command"], path.name,
+             f"optimized {ms['optimized']:.1f} ms per chunk; one choice undone {min(undone):.1f}–{max(undone):.1f}",
+             day(doc))]
 
 
 def section() -> str:
-    run = load("step_57b_tp4_rank0_h200_2026-12-01_unified-1.json")  # names the torch and triton of the GPU runs
+    rows = [*step.suite_rows()[:1], *_ablation_row(), *step.suite_rows()[1:], *served.suite_rows(),
+            *turn.suite_rows(), *call.suite_rows(), *fleet.suite_rows()]
+    table = "\n".join(f"| {what} | `{command}` | `{name}` | {figure} | {date} |"
+                      for what, command, name, figure, date in rows)
     return f"""# Benchmarks
 
-Every figure here comes from a command in `bench/`, run as written, with its JSON committed under
-`bench/results/` (this page is generated from those files by `python bench/benchmarks_md.py`). The last section, the
-control plane at fleet scale, runs on CPU only (a local cluster on the shared 2-core development machine).
-GPU: one NVIDIA H200 (driver 580.159.04, clocks as found, never changed), torch {run['torch']}, triton {run['triton']},
-Python 3.12. Random weights of the exact shapes for the 57b figures (docs/ARCHITECTURE.md); the trained `ref`
-character for the session and quality figures. Timings are CUDA-event medians after warm-up; kernel timings are
-replays of CUDA graphs (the way the engine runs them); per-kernel profiles are torch.profiler CUDA activity over
-two graph-replayed chunks.
+`vivant bench step | decode | call | fleet | turn` (bench/cli.py) print JSON and a short table. One result per benchmark
+and machine is committed under `bench/results/`, its file name undated, the date it was measured inside the JSON
+(measured with the code of that date: `git log --until`); a new run replaces it. This page is generated from those
+files (`python bench/benchmarks_md.py > docs/BENCHMARKS.md`; tests/bench/test_benchmarks_doc.py fails when they
+differ). The one-off probes and the superseded results of the engine's development are archived at the git tag
+`{ARCHIVE_TAG}`; their findings are the last section, "Tried, and why not".
 
-The GPU runs are made with `bash bench/run_gpu.sh $OUT` on the GPU machine: it assembles the `vivant` namespace
-from symlinks (nothing installs there), installs the wheels carried in `.whl/` (redis, pydantic, av at
-requirements/worker.txt's pins) and unpacks a Debian `redis-server` carried in `.deb/`, then runs the steps
-`STEPS` names. The GPU tests (`pytest -m gpu tests/kernels tests/stream/test_decode_gpu.py tests/core/test_warm_up.py`)
-passed: 50 of 50 on 2026-12-01, and 51 of 51 (with the warm-up test) twice on 2026-12-02. Later on 2026-12-02, with
-the bf16 ring: 52 of 52 (the bf16-ring kernel test added); then with the ablation's and the rewind's GPU tests
-(`tests/core/test_ablation_parts_gpu.py`, `tests/core/test_rewind.py`) 60 of 61 — the memory-report test expected a
-separate read image, which the bf16 ring no longer has; fixed, it passed alone on the next lease
-(`bench/results/gpu_run_log_2026-12-02_*.txt`). With the new row kernels: 62 of 62 (call 2 of
-`gpu_run_log_2026-12-02_row-kernels.txt`), and 62 of 62 again on the final code (call 5: + SwiGLU at 8 warps and
-the undo log's word copies). On 2026-12-03 (`gpu_run_log_2026-12-03_residual-in-gemm.txt`): 77 of 77 before the
-residual fold (the fault paths' CUDA tests among them, run for the first time), then 90 of 90 twice with it (the
-epilogue's C at every GEMM shape, the `residual_in_gemm = False` engine under CUDA graphs).
+| benchmark | command | `bench/results/` | figure | measured |
+|---|---|---|---|---|
+{table}
+
+The GPU results come from `bash bench/run_gpu.sh $OUT` on a machine with the GPU and torch but not vivant installed:
+it assembles the `vivant` namespace from symlinks, installs the wheels carried in `.whl/` (redis, pydantic, av at
+requirements/worker.txt's pins) and a `redis-server` unpacked from `.deb/`, and runs the steps `STEPS` names
+(`smoke,tests,tp4,tp1,decode` by default; also `ablation`, `turn`, `session`, `quality`), each writing its JSON to
+`$OUT`. 57b figures use random weights of the exact shapes (docs/ARCHITECTURE.md); the session and quality figures the
+trained `ref` character. Timings are CUDA-event medians after warm-up; kernel timings replay CUDA graphs, as the
+engine runs them. The session, the call and the fleet run one process per component, the way a deployment runs them.
 
 {ablation_head_section(RESULTS)}"""
