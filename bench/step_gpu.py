@@ -201,6 +201,7 @@ def run(args) -> int:
     fast = Engine.build(model, options, inplace=not keep_bf16)  # keep_bf16: the float model stays the baseline
     memory.mark("after_fp8_weights")
     result["gemm_plans"] = gemm_plan_report(fast.model)
+    result["weights_gb"] = torch.cuda.memory_allocated() / 1e9  # the engine's weights (and the baseline's at TP > 1)
     memory.mark("before_cache")
     opt = ChunkGenerator(cfg, mode=CacheMode.OPTIMIZED, device="cuda", dtype=torch.bfloat16, engine=fast,
                          seed=args.seed)

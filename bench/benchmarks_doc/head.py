@@ -30,8 +30,8 @@ def section() -> str:
     return f"""# Benchmarks
 
 `vivant bench step | decode | call | fleet | turn` (bench/cli.py) print JSON and a short table. One result per benchmark
-and machine is committed under `bench/results/`, its file name undated, the date it was measured inside the JSON
-(measured with the code of that date: `git log --until`); a new run replaces it. This page is generated from those
+and machine is committed under `bench/results/`, its file name undated, the date it was measured (by the code of
+that date) inside the JSON; a new run replaces it. This page is generated from those
 files (`python bench/benchmarks_md.py > docs/BENCHMARKS.md`; tests/bench/test_benchmarks_doc.py fails when they
 differ). The one-off probes and the superseded results of the engine's development are archived at the git tag
 `{ARCHIVE_TAG}`; their findings are the last section, "Tried, and why not".
