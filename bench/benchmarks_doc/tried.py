@@ -15,6 +15,10 @@ ROWS = (
      "on the trained `ref`: served engine vs float32 latent max 36.0 % (bf16 ring 30.9 %); 57b step 110.11 vs 109.95 ms",
      "its K/V rounding is a large share of the error and buys no speed: attention reads bf16 either way",
      "quality_ref_cuda_h200_2026-12-02{,_bf16-ring}.json, " + STEP + "_2026-12-02_ring-{fp8,bf16}.json"),
+    ("serving a checkpoint as trained (its weights rounded by the engine)", "the four projections' weights in float32 "
+     "instead: median 9.0 → 4.5 %, max 36.0 → 24.2 % (H200, FP8 ring): the weights' rounding is the largest single "
+     "cause", "an FP8-native checkpoint (weights on the e4m3 grid) removes it for free",
+     "fp8_sensitivity_ref_cuda_h200_2026-12-02.json"),
     ("an FP8-native checkpoint without the QAT fine-tune",
      "latent max 19.6 %, 41.6 dB (FP8-QAT: 7.3 %, 42.0 dB)", "the fine-tune under the served rounding halves the worst "
      "chunk (docs/reference_model.md)", "quality_ref_cuda_h200_2026-12-02_fp8-native.json, "

@@ -4,7 +4,7 @@ Why: the served engine multiplies e4m3 weights with one float32 scale per output
 `quantize_weight`). A checkpoint whose projection weights already are such products — w = q · s with q on the
 e4m3 grid and s = max|w_row| / 448 — is served exactly as the float32 model computes it: the weights' rounding,
 the largest single cause of the served engine's difference from the float32 path on the trained model
-(docs/BENCHMARKS.md, "Which FP8 rounding moves the trained model"), is then part of the model, not of the engine.
+(docs/BENCHMARKS.md, "Tried, and why not"), is then part of the model, not of the engine.
 This is how FP8-native checkpoints are shipped; the model itself changes by the rounding (about 2.6 % RMS per
 weight), which the quality gate's ground-truth figures (lip-sync against the audio, PSNR against the procedural
 frames) show for the old and the new checkpoint.
