@@ -24,13 +24,14 @@ DEMO_OUT ?= out/demo.mp4
 DEMO_LIVEKIT_OUT ?= out/livekit
 PYTEST_ARGS ?=
 
-.PHONY: help install sysdeps demo demo-livekit test test-gpu lint check-imports crds helm cluster-bin requirements images push-images image-names clean
+.PHONY: help install sysdeps demo demo-livekit test test-gpu lint check-imports check-commits crds helm cluster-bin requirements images push-images image-names clean
 
 help:
 	@echo "make demo   - install, then render a short talking-character video (out/demo.mp4)"
 	@echo "make demo-livekit - the whole LiveKit call locally (server, API, worker, agent, user): out/livekit/"
 	@echo "make test   - install, then lint + import-direction check + the CPU test suite"
 	@echo "make test-gpu - the GPU-marked tests (on a machine with CUDA)"
+	@echo "make check-commits [BASE=main] - commit subjects since BASE: one line, <= 72 characters"
 	@echo "make images - build the control-plane and worker images (docs/deploy.md)"
 
 # Every Python package comes from the pinned files in requirements/, the same files the images install
@@ -87,6 +88,12 @@ lint: $(STAMP)
 
 check-imports: $(STAMP)
 	$(PY) tools/check_imports.py
+
+# Commit subjects of this branch (docs/CONTRIBUTING.md): one line <= 72 characters, the body after a blank line.
+# Checks $(BASE)..HEAD only (history before the base is left as it is); not part of `make test`.
+BASE ?= main
+check-commits:
+	$(PYTHON) tools/check_commits.py $(BASE)
 
 crds: $(STAMP)
 	$(PY) -m vivant.apis.crdgen crds/

@@ -13,9 +13,8 @@ import typing
 
 import pytest
 from pydantic import ValidationError
-from vivant.apis import crdgen
+from vivant.apis import crdgen, resources
 from vivant.apis import feature_flags as ff
-from vivant.apis import resources as r
 from vivant.sessions.models import FlagSet, SessionStats
 
 JSON_TYPE = {bool: "boolean", int: "integer", str: "string"}
@@ -105,9 +104,9 @@ def test_validate_flag_updates_names_the_flag() -> None:
 
 def test_session_phase_is_one_definition() -> None:
     hints = typing.get_type_hints(SessionStats)
-    assert hints["phase"] is r.SessionPhase
+    assert hints["phase"] is resources.SessionPhase
     crd_status = crdgen.session_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
-    assert crd_status["properties"]["phase"]["enum"] == [p.value for p in r.SessionPhase]
+    assert crd_status["properties"]["phase"]["enum"] == [p.value for p in resources.SessionPhase]
     stats = SessionStats.model_validate_json('{"session_id": "ns/s", "phase": "Streaming"}')
-    assert stats.phase is r.SessionPhase.STREAMING
+    assert stats.phase is resources.SessionPhase.STREAMING
     assert '"phase":"Streaming"' in stats.model_dump_json()

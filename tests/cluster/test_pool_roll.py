@@ -13,7 +13,7 @@ import time
 import pytest
 from conftest import Kube, wait_for
 from kube_objects import POOLS, SESSIONS, WORKER_IMAGE, pool_manifest, session_manifest, status
-from vivant.apis import resources as r
+from vivant.apis import resources
 from vivant.sessions.registry import Registry
 
 NEW_IMAGE = WORKER_IMAGE.rsplit(":", 1)[0] + ":0.1.1"
@@ -28,7 +28,7 @@ def pods(kube: Kube, ns: str) -> dict[str, tuple[str, str]]:
 @pytest.mark.timeout(420)
 def test_a_template_edit_rolls_idle_workers_and_spares_the_streaming_one(kube: Kube, vivant_release: str, namespace: str):
     registry = Registry(kube.state.redis_url)
-    pool = r.pool_key(namespace, "roll")
+    pool = resources.pool_key(namespace, "roll")
     kube.apply(pool_manifest(namespace, "roll", image=WORKER_IMAGE, minIdle=1, maxWorkers=2))
     wait_for(lambda: registry.idle_workers(pool), "a warm idle worker", 120)
     kube.apply(session_manifest(namespace, "live", "roll", maxDurationSeconds=900))

@@ -10,7 +10,7 @@ import re
 
 from conftest import REPO, Kube, wait_for
 from kube_objects import SESSIONS, session_manifest
-from vivant.apis import resources as r
+from vivant.apis import resources
 
 
 def api_resources(kube: Kube) -> list[tuple[str, set[str], str]]:
@@ -26,18 +26,18 @@ def api_resources(kube: Kube) -> list[tuple[str, set[str], str]]:
 
 
 def test_our_short_names_are_ours_alone(kube: Kube, vivant_release: str):
-    ours = {r.SESSION_PLURAL: set(r.SESSION_SHORT_NAMES), r.POOL_PLURAL: set(r.POOL_SHORT_NAMES)}
+    ours = {resources.SESSION_PLURAL: set(resources.SESSION_SHORT_NAMES), resources.POOL_PLURAL: set(resources.POOL_SHORT_NAMES)}
     served = api_resources(kube)
-    assert {n for n, _, g in served if g == r.GROUP} == set(ours), served
+    assert {n for n, _, g in served if g == resources.GROUP} == set(ours), served
     for plural, shorts in ours.items():
         for short in shorts:
-            clash = [(n, g) for n, s, g in served if (short in s or short == n) and not (g == r.GROUP and n == plural)]
+            clash = [(n, g) for n, s, g in served if (short in s or short == n) and not (g == resources.GROUP and n == plural)]
             assert not clash, f"short name {short!r} of {plural} is also {clash}: kubectl resolves it elsewhere"
 
 
 def test_kubectl_get_by_short_name_lists_sessions(kube: Kube, vivant_release: str, namespace: str):
     kube.apply(session_manifest(namespace, "named", "no-such-pool"))
-    for short in r.SESSION_SHORT_NAMES:
+    for short in resources.SESSION_SHORT_NAMES:
         table = wait_for(lambda short=short: (t := kube.kubectl("get", short, "-n", namespace).stdout) and "named" in t and t,
                          f"`kubectl get {short}` listing the session", 15)
         assert table.split()[:4] == ["NAME", "PHASE", "WORKER", "FPS"], table
@@ -55,6 +55,6 @@ def test_the_docs_use_names_that_reach_our_resources(kube: Kube, vivant_release:
              REPO / "charts" / "vivant" / "templates" / "NOTES.txt"]
     used = {(f.relative_to(REPO).as_posix(), word) for f in files
             for m in re.findall(r"kubectl get ([a-z.,]+)", f.read_text()) for word in m.split(",")}
-    assert any(word in r.SESSION_SHORT_NAMES or word == r.SESSION_PLURAL for _, word in used), used
+    assert any(word in resources.SESSION_SHORT_NAMES or word == resources.SESSION_PLURAL for _, word in used), used
     wrong = sorted((f, w) for f, w in used if w.split(".")[0] not in known or w in componentstatus)
     assert not wrong, f"`kubectl get` of something that is not served, or is ComponentStatus: {wrong}"

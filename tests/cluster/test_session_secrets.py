@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 from conftest import Kube, wait_for
 from kube_objects import SESSIONS, WORKER_IMAGE, condition, events, pool_manifest, session_manifest, status
-from vivant.apis import resources as r
+from vivant.apis import resources
 from vivant.sessions.registry import Registry
 
 POOL = "w"
@@ -32,7 +32,7 @@ def served(kube: Kube, vivant_release: str) -> Iterator[tuple[str, Registry]]:
     ns = kube.new_namespace("secrets")
     registry = Registry(kube.state.redis_url)
     kube.apply(pool_manifest(ns, POOL, image=WORKER_IMAGE, minIdle=1, maxWorkers=1))
-    wait_for(lambda: registry.idle_workers(r.pool_key(ns, POOL)) == [f"{POOL}-0"], "worker w-0 idle", 120)
+    wait_for(lambda: registry.idle_workers(resources.pool_key(ns, POOL)) == [f"{POOL}-0"], "worker w-0 idle", 120)
     yield ns, registry
     kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)
     registry.close()
@@ -56,12 +56,12 @@ def end(kube: Kube, ns: str, registry: Registry, name: str) -> None:
     """Delete the session; its lease must go and the worker must be idle again."""
     kube.kubectl("delete", SESSIONS, name, "-n", ns, "--wait=true", "--timeout=60s")
     assert registry.worker_of(f"{ns}/{name}") is None, f"session {name} still holds a worker after its deletion"
-    wait_for(lambda: registry.idle_workers(r.pool_key(ns, POOL)) == [f"{POOL}-0"], "the worker idle again", 30)
+    wait_for(lambda: registry.idle_workers(resources.pool_key(ns, POOL)) == [f"{POOL}-0"], "the worker idle again", 30)
 
 
 def assert_no_lease(registry: Registry, ns: str, name: str) -> None:
     assert registry.worker_of(f"{ns}/{name}") is None, f"session {name} holds a worker it cannot use"
-    assert registry.idle_workers(r.pool_key(ns, POOL)) == [f"{POOL}-0"], "the worker is not claimable"
+    assert registry.idle_workers(resources.pool_key(ns, POOL)) == [f"{POOL}-0"], "the worker is not claimable"
 
 
 @pytest.mark.timeout(180)
@@ -159,7 +159,7 @@ def test_a_refused_secret_claims_no_worker_and_says_why(kube, served):
         # a try claims the worker, fails to write the Secret and releases it: on a loaded machine an observation can
         # fall inside that window, so each observation waits for the release instead of reading once
         wait_for(lambda: registry.worker_of(f"{ns}/quota") is None
-                 and registry.idle_workers(r.pool_key(ns, POOL)) == [f"{POOL}-0"], "the worker free after a refused try", 10)
+                 and registry.idle_workers(resources.pool_key(ns, POOL)) == [f"{POOL}-0"], "the worker free after a refused try", 10)
         time.sleep(2.5)  # past the next try
     kube.kubectl("delete", "resourcequota", "no-more-secrets", "-n", ns)
     wait_served(kube, ns, "quota")

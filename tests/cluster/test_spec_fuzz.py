@@ -39,8 +39,7 @@ from kube_objects import (
     pool_manifest,
     session_manifest,
 )
-from vivant.apis import crdgen
-from vivant.apis import resources as r
+from vivant.apis import crdgen, resources
 from vivant.sessions.registry import Registry
 
 DELETE = object()
@@ -277,7 +276,7 @@ SESSION_CASES = [Case(f"name:{label}", ("metadata", "name"), name) for label, na
 @pytest.mark.timeout(600)
 def test_every_accepted_session_is_handled_and_every_refusal_names_the_field(kube: Kube, fuzz_ns: str):
     registry = Registry(kube.state.redis_url)
-    pool = r.pool_key(fuzz_ns, "w")
+    pool = resources.pool_key(fuzz_ns, "w")
     kube.apply(pool_manifest(fuzz_ns, "w", image=WORKER_IMAGE, minIdle=1, maxWorkers=1))
     wait_for(lambda: registry.idle_workers(pool) == ["w-0"], "the session pool's worker idle", 120)
     base = session_manifest(fuzz_ns, "s", "w", maxDurationSeconds=600)

@@ -10,12 +10,12 @@ import asyncio
 import pydantic
 import pytest
 from livekit import api, rtc
-from vivant.apis import resources as r
+from vivant.apis import resources
 from vivant.devcluster.livekit import LiveKitState
 
 pytestmark = pytest.mark.timeout(120)
-NAMES = pydantic.TypeAdapter(r.LiveKitRoomName)
-IDENTITIES = pydantic.TypeAdapter(r.LiveKitIdentity)
+NAMES = pydantic.TypeAdapter(resources.LiveKitRoomName)
+IDENTITIES = pydantic.TypeAdapter(resources.LiveKitIdentity)
 
 
 def token(state: LiveKitState, room: str, identity: str) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 import polling
 import pytest
 from servers import RedisServer
-from vivant.apis import resources as r
+from vivant.apis import resources
 from vivant.apis.livekit_token import LiveKitCredentials
 from vivant.operator import reconcile as rc
 from vivant.operator.config import OperatorConfig
@@ -34,16 +34,16 @@ from vivant.worker.serving.runner import ChunkReport
 from vivant.worker.serving.service import WorkerService
 
 NS, POOL_NAME = "ns", "p"
-POOL = r.pool_key(NS, POOL_NAME)
+POOL = resources.pool_key(NS, POOL_NAME)
 DEFAULTS = OperatorConfig(redis_url="redis://unused", livekit=LiveKitCredentials("APIkey123", "x" * 32))
 TTL, GRACE = DEFAULTS.heartbeat_ttl_s, DEFAULTS.reap_grace_s
-POOL_SPEC = r.WorkerPoolSpec.model_validate({
+POOL_SPEC = resources.WorkerPoolSpec.model_validate({
     "model": {"preset": "tiny", "checkpoint": "random://tiny"}, "image": "vivant:dev", "minIdle": 8, "maxWorkers": 8})  # no idle worker is drained
 TIMEOUTS = rc.Timeouts(pending_s=300, connect_s=60)
 
 
-def spec() -> r.CharacterSessionSpec:
-    return r.CharacterSessionSpec.model_validate({
+def spec() -> resources.CharacterSessionSpec:
+    return resources.CharacterSessionSpec.model_validate({
         "character": "ada-v1", "pool": POOL_NAME, "maxDurationSeconds": 3600,
         "livekit": {"url": "wss://lk.example.com", "room": "room", "agentIdentity": "agent-1"}})
 

@@ -1,13 +1,10 @@
 """One rank of the worker: what every process of `vivant worker --tensor-parallel N` is given, how it joins the
 process group, and the DiT ranks 1 … N−1, which follow rank 0's control (docs/multi_gpu.md).
 
-`RankSpec` is the whole configuration a rank needs (frozen, picklable: it crosses the spawn). `child_main` is a
-spawned rank's entry point: it dies with its parent (PR_SET_PDEATHSIG, so a killed worker leaves no rank
-behind), sets the no-multicast environment, joins the world, builds its part (a DiT shard, or the decoder rank,
-vivant.worker.serving.decoder_rank), reports `ready` on the status queue and serves until SHUTDOWN (SIGINT and
-SIGTERM are rank 0's to handle: a group signal must not kill a rank mid-session). An
-exception is reported on the status queue (rank 0's supervisor turns it into the session's end reason) and
-ends the process with a non-zero status.
+`RankSpec` is the whole configuration a rank needs (frozen, picklable: it crosses the spawn); `join` forms the process
+groups; `DitFollower` is a DiT rank r ≥ 1. A spawned rank's entry point is vivant.worker.serving.rank_main, which
+builds either a `DitFollower` or the decoder rank (vivant.worker.serving.decoder_rank, which imports this module:
+so the entry point lives in a module of its own, above both).
 
 With `out_dir`, every rank writes `<out_dir>/<session>/rank<r>.jsonl`: one line per session event (begin, each
 chunk with the row-parallel path it ran, end), so the ranks' chunk-by-chunk agreement can be checked after the
@@ -16,12 +13,9 @@ fact.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
-import signal
-import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
@@ -38,7 +32,7 @@ from vivant.worker.model.model import VideoDiT, init_random_
 from vivant.worker.model.options import CacheMode, EngineName
 from vivant.worker.model.tp import apply_tensor_parallel
 from vivant.worker.model.weights import load_weights
-from vivant.worker.serving.layout import NO_MULTICAST_ENV, RankLayout, RankRole
+from vivant.worker.serving.layout import NO_MULTICAST_ENV, RankLayout
 from vivant.worker.serving.wire import Control, ControlBus, Op
 from vivant.worker.stream.vae import VAEConfig
 
@@ -236,43 +230,3 @@ class DitFollower:
     def _apply(self, fused: bool) -> None:
         self.fused = fused
         self.path = self.generator.apply_flags(FlagValues(fusedGemmAllReduce=fused))
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent (rank 0, the worker) dies, so a killed worker leaves no
-    rank behind; elsewhere nothing (the ranks then end at their next collective's timeout)."""
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0:  # PR_SET_PDEATHSIG = 1
-        log.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d)", ctypes.get_errno())
-    if os.getppid() != parent:  # the parent died before the request took effect
-        os._exit(1)
-
-
-def child_main(rank: int, spec: RankSpec, status) -> None:  # noqa: ANN001 (a multiprocessing queue)
-    """A spawned rank (module docstring). It ignores SIGINT and SIGTERM: a terminal's Ctrl-C or a process-group
-    SIGTERM reaches every rank, and stopping is rank 0's decision (SHUTDOWN after the session in progress)."""
-    die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(level=spec.log_level,
-                        format=f"%(asctime)s %(levelname)s rank{rank} %(name)s: %(message)s")
-    layout = spec.layout
-    try:
-        set_device(spec, rank)
-        groups = join(spec, rank)
-        if layout.role(rank) is RankRole.DIT:
-            worker = DitFollower(spec, rank, groups)
-        else:
-            from vivant.worker.serving.decoder_rank import DecoderRank
-
-            worker = DecoderRank(spec, rank, groups, status)
-        status.put(("ready", rank, os.getpid()))
-        worker.serve()
-    except BaseException as exc:
-        status.put(("error", rank, f"{type(exc).__name__}: {exc}"))
-        log.exception("%s failed", layout.describe(rank))
-        raise
-    dist.destroy_process_group()

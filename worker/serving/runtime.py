@@ -66,6 +66,7 @@ from vivant.worker.serving.supervisor import RankFailure, Supervisor
 from vivant.worker.serving.wire import Ack, Control, ControlBus, DecoderLink, Op
 from vivant.worker.stream.audio_in import AudioInput, read_audio
 from vivant.worker.stream.pacer import PacerConfig
+from vivant.worker.stream.splice import Splice, SpliceCause, splice_cause
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -225,8 +226,10 @@ class RankRuntime:
                 raise SessionInputError(f"room audio: {exc}") from exc
         clears = self._audio.clears
         interrupted, self._clears_seen = clears != self._clears_seen, clears
-        if self.generator.chunk > 0 and (interrupted or self._audio.turn_starts_next()):
-            self._rewind(interrupt=interrupted)
+        cause = splice_cause(self.generator.chunk, interrupted=interrupted,
+                             turn_starts=not interrupted and self._audio.turn_starts_next())
+        if cause is not None:
+            self._rewind(cause)
         gen, n = self.generator, self.generator.chunk
         chunk = self._audio.next_chunk()
         ends_segment = self._feed is not None and self._feed.ends_segment(chunk)
@@ -258,23 +261,22 @@ class RankRuntime:
         """The session's audio input (None between sessions): the room feed pushes the agent's speech into it."""
         return self._audio
 
-    def _rewind(self, *, interrupt: bool = False) -> None:
-        """A turn starts with the next chunk, or (`interrupt`) an interrupt came: rewind every rank to where the decoder
-        rank says (module docstring)."""
+    def _rewind(self, cause: SpliceCause) -> None:
+        """A turn starts with the next chunk, or (cause "interrupt") an interrupt came: rewind every rank to where the
+        decoder rank says (module docstring)."""
         gen, n = self.generator, self.generator.chunk
+        interrupt = cause == "interrupt"
         oldest = max(gen.oldest_rewind(), self._audio.oldest_rewind())
         diffuse_s = max(self._diffuse_ms, default=0.0) / 1e3
         lead_s = 1.5 * diffuse_s  # time to diffuse chunk r again, with a margin
         r, k, dropped = self._collective(lambda: self.link.request_rewind(self.sessions, n, lead_s, oldest,
                                                                           interrupt=interrupt, next_chunk_s=diffuse_s))
-        if r != n:
+        splice = Splice.checked(n, r, k, oldest=oldest, cause=cause)
+        if splice.moves:
             self._collective(lambda: self.bus.publish(Control(Op.REWIND, self.sessions, r)))
             gen.rewind(r)
-            grid = PacerConfig.for_model(self.cfg)
-            self._audio.rewind(r, keep_samples=grid.frame_sample(r * grid.frames_per_chunk + k)
-                               - grid.chunk_sample_range(r)[0])
+            self._audio.rewind(r, keep_samples=splice.keep_samples(PacerConfig.for_model(self.cfg)))
         self.rewinds.append((n, r, k))
-        cause = "interrupt" if interrupt else "turn"
         self._trace.write(event="rewind", session=self.sessions, chunk=r, frame=k, next_chunk=n, dropped=dropped,
                           cause=cause)
         log.info("session %d: %s before chunk %d; rewound to frame %d of chunk %d (%d chunks dropped)",

@@ -55,12 +55,15 @@ from vivant.worker.serving.metrics import WorkerMetrics
 from vivant.worker.serving.runner import (
     EXIT_FAULT,
     MAX_DURATION_REASON,
+    ChunkReport,
+    PlayoutAccount,
     SessionEnded,
     SessionFailed,
     SessionInputError,
     SessionRunner,
     WorkerFault,
 )
+from vivant.worker.serving.session_state import SessionOutcome, SessionState
 
 log = logging.getLogger(__name__)
 
@@ -311,6 +314,8 @@ class WorkerService:
 
     # -- one session -----------------------------------------------------------------------------
     def run_session(self, a: Assignment) -> SessionStats:
+        """Stream session `a` to its end (module docstring): begin, then chunk by chunk `_next_chunk` until a stop,
+        then end; returns the final SessionStats (also reported and kept in `sessions_done`)."""
         with self._lease_lock:
             self._current, self._lease_lost, self._chunks_in_session = a.session_id, None, 0
         try:
@@ -318,10 +323,23 @@ class WorkerService:
         except RegistryUnavailable:
             flagset = FlagSet(pool=self.pool, version=0)
         version, flags = flagset.version, flagset.with_overrides(a.flag_overrides)
+        failed = self._begin(a, version, flags)
+        if failed is not None:
+            return failed
+        now = time.monotonic()
+        state = SessionState.begin(a, version, flags, chunk_s=self.runner.chunk_seconds,
+                                   buffer_chunks=self.buffer_chunks, now=now)
+        outcome = None
+        while outcome is None:
+            outcome = self._next_chunk(state)
+        return self._end(state, outcome)
+
+    def _begin(self, a: Assignment, version: int, flags: FlagValues) -> SessionStats | None:
+        """Report the session Connecting and start it on the runner; the final stats when it could not start (the
+        session fails alone; a WorkerFault also stops the worker), else None."""
         stats = SessionStats(session_id=a.session_id, worker_id=self.worker_id, phase="Connecting",
                              flag_version=version, flags=flags)
         self._report(stats)
-        phase = "Ended"
         try:
             self.runner.begin(a, flags)
         except Exception as exc:  # noqa: BLE001 (a session that cannot start fails alone, not the worker)
@@ -337,106 +355,128 @@ class WorkerService:
         self._kernel_path(getattr(self.runner, "kernel_path", None), flags, version)
         log.info("worker %s: streaming session %s (flags v%d %s)", self.worker_id, a.session_id, version,
                  flags.model_dump())
+        return None
 
-        chunk_s = self.runner.chunk_seconds
-        t0 = time.monotonic()
-        last_report = t0
-        # The playout clock: playback cannot begin before the first chunk exists, so it starts one chunk period
-        # before the first chunk is done (a slow first chunk, e.g. CUDA graph capture, delays the start; it is
-        # not a stall of every later chunk). Stalls, pacing and fps are measured on it; max duration on t0.
-        clock = t0
-        compute_ms: list[float] = []
-        frames = stalls = 0
-        fault = False
-        faulted = 0  # consecutive chunks with non-finite latents
-        finite = 0  # chunks with finite latents
-        fault_limit = False  # the session ended by the numerical-fault rule
-        reason = ""
-        while True:
-            elapsed = time.monotonic() - t0
-            reason = self._stop_reason(a, elapsed)
-            if reason:
-                if self._lease_lost or self._fatal or self.stop.is_set():
-                    # lease lost: the operator has already marked it Failed and reclaimed the slot; a worker
-                    # fault (a rank died) or shutting down (pod deleted, node drained): cut short, not done
-                    phase = "Failed"
-                break
-            changed = self._in_loop(lambda v=version: self.watcher.changed_since(v), None)  # down: keep flags
-            if changed is not None:
-                new_flags = changed.with_overrides(a.flag_overrides)
-                log.info("worker %s: session %s flags v%d -> v%d %s at chunk boundary %d", self.worker_id,
-                         a.session_id, version, changed.version, new_flags.model_dump(), len(compute_ms))
-                path = self.runner.apply_flags(new_flags)
-                self._kernel_path(path, new_flags, changed.version)
-                version, flags = changed.version, new_flags
-            try:
-                report = self.runner.step()
-            except SessionEnded as ended:
-                reason = ended.reason
-                log.info("worker %s: session %s ended by its runner in chunk %d: %s", self.worker_id,
-                         a.session_id, len(compute_ms), reason)
-                break
-            except Exception as exc:  # noqa: BLE001
-                log.exception("worker %s: session %s failed in chunk %d", self.worker_id, a.session_id,
-                              len(compute_ms))
-                if isinstance(exc, WorkerFault):
-                    self.fail(str(exc))
-                phase, reason = "Failed", failure_reason(exc)
-                break
-            self.chunk_log.append(ChunkRecord(a.session_id, report.index, version, flags))
-            compute_ms.append(report.compute_ms)
-            frames += report.frames
+    def _next_chunk(self, state: SessionState) -> SessionOutcome | None:
+        """One chunk boundary and one chunk: stop? flags changed? step, account, faults, report. Returns the
+        session's (phase, end reason) when it ends here, else None."""
+        stop = self._stop(state)
+        if stop is not None:
+            return stop
+        self._follow_flags(state)
+        try:
+            report = self.runner.step()
+        except Exception as exc:  # noqa: BLE001
+            return self._step_failed(state, exc)
+        self._account(state, report)
+        limit = self._fault_limit(state, report)
+        if limit is not None:
+            return limit
+        now = time.monotonic()
+        if now - state.last_report >= self.stats_interval_s or (state.faults.seen and report.numerical_fault):
+            stats = self._stats(state, "Streaming", state.playout.account(), None)
+            self._in_loop(lambda st=stats: self.registry.report_session(state.assignment.session_id, st), None)
             if self.metrics is not None:
-                self.metrics.observe_chunk("diffuse", report.compute_ms / 1e3)
-                self.metrics.observe_chunk("total", report.compute_ms / 1e3)  # no decode/publish stage here yet
-                self.metrics.frames_published(a.session_id, report.frames)
-                self.metrics.streamed_seconds(a.session_id, time.monotonic() - t0)
-            self._chunks_in_session = len(compute_ms)
-            if len(compute_ms) == 1:
-                clock = time.monotonic() - chunk_s
-            done_at = time.monotonic() - clock
-            if done_at > (len(compute_ms) - 1 + self.buffer_chunks) * chunk_s:
-                stalls += 1  # this chunk missed its playout slot: the viewer's buffer ran dry
-                if self.metrics is not None:
-                    self.metrics.stall(a.session_id)
-            if self.realtime:
-                self.stop.wait(max(0.0, len(compute_ms) * chunk_s - done_at))
-            faulted = faulted + 1 if report.numerical_fault else 0
-            finite += not report.numerical_fault
-            if faulted and self.metrics is not None:
-                self.metrics.numerical_fault()
-            if faulted and not fault:
-                fault = True
-                log.error("worker %s: numerical fault (NaN/Inf) in session %s chunk %d", self.worker_id,
-                          a.session_id, report.index)
-            if faulted * chunk_s >= self.max_faulted_s - 1e-9:
-                phase, fault_limit = "Failed", True
-                reason = (f"numerical fault: {faulted} chunks in a row with NaN/Inf latents ({faulted * chunk_s:.1f} s "
-                          "of video); the model does not recover on this worker")
-                log.error("worker %s: session %s: %s", self.worker_id, a.session_id, reason)
-                break
-            now = time.monotonic()
-            if now - last_report >= self.stats_interval_s or (fault and report.numerical_fault):
-                stats = self._stats(a, "Streaming", clock, frames, stalls, compute_ms, version, flags, fault, None)
-                self._in_loop(lambda st=stats: self.registry.report_session(a.session_id, st), None)
-                if self.metrics is not None:
-                    self.metrics.session_fps(a.session_id, stats.fps)
-                last_report = now
+                self.metrics.session_fps(state.assignment.session_id, stats.fps)
+            state.last_report = now
+        return None
+
+    def _stop(self, state: SessionState) -> SessionOutcome | None:
+        """At a chunk boundary: (phase, reason) when the session stops here (`_stop_reason`), else None. A lost
+        lease (the operator has already marked it Failed and reclaimed the slot), a worker fault (a rank died) or
+        shutting down (pod deleted, node drained) cut it short: Failed; any other stop ends it: Ended."""
+        reason = self._stop_reason(state.assignment, time.monotonic() - state.started)
+        if not reason:
+            return None
+        return SessionOutcome("Failed" if self._lease_lost or self._fatal or self.stop.is_set() else "Ended", reason)
+
+    def _follow_flags(self, state: SessionState) -> None:
+        """Apply the pool's flags to the runner when their version moved (between chunks; Redis down: keep them)."""
+        changed = self._in_loop(lambda v=state.flag_version: self.watcher.changed_since(v), None)
+        if changed is None:
+            return
+        a = state.assignment
+        flags = changed.with_overrides(a.flag_overrides)
+        log.info("worker %s: session %s flags v%d -> v%d %s at chunk boundary %d", self.worker_id, a.session_id,
+                 state.flag_version, changed.version, flags.model_dump(), state.chunks)
+        path = self.runner.apply_flags(flags)
+        self._kernel_path(path, flags, changed.version)
+        state.flag_version, state.flags = changed.version, flags
+
+    def _step_failed(self, state: SessionState, exc: Exception) -> SessionOutcome:
+        """(phase, reason) for a step that raised: `SessionEnded` ends the session; anything else fails it (a
+        WorkerFault also stops the worker)."""
+        a = state.assignment
+        if isinstance(exc, SessionEnded):
+            log.info("worker %s: session %s ended by its runner in chunk %d: %s", self.worker_id, a.session_id,
+                     state.chunks, exc.reason)
+            return SessionOutcome("Ended", exc.reason)
+        log.error("worker %s: session %s failed in chunk %d", self.worker_id, a.session_id, state.chunks,
+                  exc_info=exc)
+        if isinstance(exc, WorkerFault):
+            self.fail(str(exc))
+        return SessionOutcome("Failed", failure_reason(exc))
+
+    def _account(self, state: SessionState, report: ChunkReport) -> None:
+        """Record a chunk done: the chunk log, its compute time, the playout estimate, the metrics; a real-time
+        service then waits until the video made so far has played out."""
+        a = state.assignment
+        self.chunk_log.append(ChunkRecord(a.session_id, report.index, state.flag_version, state.flags))
+        state.compute_ms.append(report.compute_ms)
+        if self.metrics is not None:
+            self.metrics.observe_chunk("diffuse", report.compute_ms / 1e3)
+            self.metrics.observe_chunk("total", report.compute_ms / 1e3)  # no decode/publish stage here yet
+            self.metrics.frames_published(a.session_id, report.frames)
+            self.metrics.streamed_seconds(a.session_id, time.monotonic() - state.started)
+        self._chunks_in_session = state.chunks
+        done = time.monotonic()
+        before, state.playout = state.playout, state.playout.after_chunk(report.frames, done)
+        if state.playout.stalled(before) and self.metrics is not None:
+            self.metrics.stall(a.session_id)
+        if self.realtime:
+            self.stop.wait(max(0.0, state.playout.ahead_s(done)))
+
+    def _fault_limit(self, state: SessionState, report: ChunkReport) -> SessionOutcome | None:
+        """Count the chunk's numerical fault; ("Failed", reason) once the faulted chunks in a row reach
+        `max_faulted_s` of video, else None."""
+        a = state.assignment
+        first = not state.faults.seen
+        state.faults = state.faults.after_chunk(report.numerical_fault)
+        if not report.numerical_fault:
+            return None
+        if self.metrics is not None:
+            self.metrics.numerical_fault()
+        if first:
+            log.error("worker %s: numerical fault (NaN/Inf) in session %s chunk %d", self.worker_id, a.session_id,
+                      report.index)
+        chunk_s = self.runner.chunk_seconds
+        if not state.faults.over_limit(chunk_s, self.max_faulted_s):
+            return None
+        n = state.faults.in_a_row
+        reason = (f"numerical fault: {n} chunks in a row with NaN/Inf latents ({state.faults.faulted_s(chunk_s):.1f} s "
+                  "of video); the model does not recover on this worker")
+        log.error("worker %s: session %s: %s", self.worker_id, a.session_id, reason)
+        return SessionOutcome("Failed", reason)
+
+    def _end(self, state: SessionState, outcome: SessionOutcome) -> SessionStats:
+        """End the session on the runner, report its final stats (the pacer's frames and stalls when the runner
+        has its count), release the lease, and count it toward the faulted-sessions rule."""
+        a, (phase, reason) = state.assignment, outcome
         try:
             account = self.runner.end(reason)
         except Exception:  # noqa: BLE001
             log.exception("worker %s: runner.end failed for session %s", self.worker_id, a.session_id)
             account = None
-        if account is not None:  # the pacer's count (decoder rank) replaces this loop's estimate
-            frames, stalls = account.frames_published, account.stalls
-        final = self._stats(a, phase, clock, frames, stalls, compute_ms, version, flags, fault, reason)
+        final = self._stats(state, phase, state.final_account(account), reason)
         self._finish(a, final, reason)
         self.sessions_done.append(final)
         if self.metrics is not None:
             self.metrics.session_ended(a.session_id)
         log.info("worker %s: session %s ended (%s): %d chunks, %.1f fps", self.worker_id, a.session_id, reason,
                  final.chunks, final.fps)
-        self._count_faulted_session(fault_limit, finite)
+        # a session the fault rule ended is the only one that ends with the limit reached (reaching it ends one)
+        fault_limit = state.faults.over_limit(self.runner.chunk_seconds, self.max_faulted_s)
+        self._count_faulted_session(fault_limit, state.faults.finite)
         return final
 
     def _count_faulted_session(self, fault_limit: bool, finite: int) -> None:
@@ -499,14 +539,16 @@ class WorkerService:
                   msg.kind, msg.session_id)
         return ""
 
-    def _stats(self, a: Assignment, phase: str, t0: float, frames: int, stalls: int, compute_ms: list[float],
-               version: int, flags: FlagValues, fault: bool, reason: str | None) -> SessionStats:
-        elapsed = max(1e-9, time.monotonic() - t0)
-        p99 = float(np.percentile(compute_ms, 99)) if compute_ms else 0.0
-        return SessionStats(session_id=a.session_id, worker_id=self.worker_id, phase=phase,  # type: ignore[arg-type]
-                            fps=frames / elapsed, stalls=stalls, chunk_p99_ms=p99, chunks=len(compute_ms),
-                            streamed_s=len(compute_ms) * self.runner.chunk_seconds, end_reason=reason,
-                            numerical_fault=fault, flag_version=version, flags=flags)
+    def _stats(self, state: SessionState, phase: str, account: PlayoutAccount, reason: str | None) -> SessionStats:
+        """The session's stats now: fps = frames over the seconds since the playout clock's start."""
+        elapsed = max(1e-9, time.monotonic() - state.playout.start)
+        p99 = float(np.percentile(state.compute_ms, 99)) if state.compute_ms else 0.0
+        return SessionStats(session_id=state.assignment.session_id, worker_id=self.worker_id,
+                            phase=phase,  # type: ignore[arg-type]
+                            fps=account.frames_published / elapsed, stalls=account.stalls, chunk_p99_ms=p99,
+                            chunks=state.chunks, streamed_s=state.chunks * self.runner.chunk_seconds,
+                            end_reason=reason, numerical_fault=state.faults.seen, flag_version=state.flag_version,
+                            flags=state.flags)
 
     def _report(self, stats: SessionStats) -> None:
         try:

@@ -28,7 +28,8 @@ import time
 from collections.abc import Callable
 from multiprocessing.connection import wait
 
-from vivant.worker.serving.ranks import RankSpec, child_main
+from vivant.worker.serving.rank_main import child_main
+from vivant.worker.serving.ranks import RankSpec
 from vivant.worker.serving.runner import EXIT_FAULT, WorkerFault
 
 log = logging.getLogger(__name__)

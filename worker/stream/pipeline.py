@@ -41,6 +41,7 @@ from vivant.worker.stream.lead import LeadConfig
 from vivant.worker.stream.pacer import Clock, MonotonicClock, PacerConfig
 from vivant.worker.stream.playout import Playout, StreamReport, TurnTrace, percentiles
 from vivant.worker.stream.sinks import FrameSink
+from vivant.worker.stream.splice import Splice, splice_cause
 from vivant.worker.stream.vae import VAEDecoder
 
 __all__ = ["StreamPipeline", "StreamReport", "TurnTrace", "percentiles"]
@@ -114,7 +115,10 @@ class StreamPipeline:
 
     def _turn_to_rewind(self) -> bool:
         """A turn starts in the next chunk and the loop rewinds for it."""
-        return self.rewind_on_turn and self._next > 0 and self.audio_in.turn_starts_next()
+        return splice_cause(self._next, interrupted=False, turn_starts=self._turn_starts()) is not None
+
+    def _turn_starts(self) -> bool:
+        return self.rewind_on_turn and self.audio_in.turn_starts_next()
 
     def _cut_pending(self) -> bool:
         """The loop splices before its next chunk (a turn starts in it, or an interrupt came): ends the lead wait."""
@@ -123,22 +127,18 @@ class StreamPipeline:
     def _maybe_rewind(self) -> None:
         """Splice before taking the next chunk when an interrupt came or a turn starts in it (module docstring); one
         splice serves both (cause "interrupt" then)."""
-        interrupt = self._interrupt.is_set()
+        interrupted = self._interrupt.is_set()
         self._interrupt.clear()  # a clear_buffer after this line is spliced at the next chunk
-        interrupt = interrupt and self._next > 0  # nothing made yet: nothing to cut
-        if not interrupt and not self._turn_to_rewind():
-            return
         n = self._next
+        cause = splice_cause(n, interrupted=interrupted, turn_starts=not interrupted and self._turn_starts())
+        if cause is None:
+            return
         oldest = max(self.generator.oldest_rewind(), self.audio_in.oldest_rewind())
         lead = self.playout.lead
-        r, k = self.playout.splice(lead.min_lead_s(), oldest=oldest, cause="interrupt" if interrupt else "turn",
-                                   next_chunk_s=lead.diffuse_p99_s())
-        if not oldest <= r <= n or not (k == 0 or r < n):
-            raise RuntimeError(f"Playout.splice returned (chunk {r}, frame {k}); expected {oldest} ≤ chunk ≤ {n} (the "
-                               f"chunk about to be taken), frame 0 unless the chunk was taken")
-        pc = self.pacer.config
+        r, k = self.playout.splice(lead.min_lead_s(), oldest=oldest, cause=cause, next_chunk_s=lead.diffuse_p99_s())
+        splice = Splice.checked(n, r, k, oldest=oldest, cause=cause)
         self.generator.rewind(r)
-        self.audio_in.rewind(r, keep_samples=pc.frame_sample(r * pc.frames_per_chunk + k) - pc.chunk_sample_range(r)[0])
+        self.audio_in.rewind(r, keep_samples=splice.keep_samples(self.pacer.config))
         self.playout.record_rewind(n)
         self._next = r
         self._last_speech_chunk = min(self._last_speech_chunk, r - 1)
