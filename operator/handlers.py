@@ -184,7 +184,8 @@ def session_assign(body, spec, meta, status, namespace, name, uid, patch, memo, 
     without that record. kopf would take such a version, once its watch lags past its consistency timeout
     (5 s), for a session not handled yet, and run this handler again on it (and the sweeps leave a session
     alone until the record shows: SessionView.handled)."""
-    memo.metrics.handler_run(f"session_{reason}")
+    # kopf's cause: create, or resume (at operator start; mixed into an update made while it was down)
+    memo.metrics.handler_run("session_create" if reason == "create" else "session_resume")
     if status.get("phase") in (p.value for p in resources.TERMINAL_PHASES):
         return
     _session(spec, meta, namespace, name, uid, patch)  # an invalid spec fails here, naming the field

@@ -383,6 +383,7 @@ def run_bench(cfg: FleetBenchConfig, state_dir: Path, keep: bool = False, log=pr
         leaks = bench.leaks()
         bench.operators.read()
         peak_rss = bench.operators.peak_rss_bytes()
+        runs = bench.operators.handler_runs()
         bench.operators.stop()
         bench.gateway.stop()
         bench.fleet.stop(signal.SIGTERM)
@@ -411,6 +412,10 @@ def run_bench(cfg: FleetBenchConfig, state_dir: Path, keep: bool = False, log=pr
                                  "under the chart's operator ServiceAccount token",
                          "replicas": cfg.operators,
                          "handlers": bench.operators.handler_means(),
+                         "event_handler_runs": runs,
+                         # goal 1.0: kopf runs a session's create handler again only after a failure
+                         "create_handler_runs_per_session": round(runs.get("session_create", 0)
+                                                                  / max(1, len(bench.driver.records)), 3),
                          "peak_rss_mib": round(peak_rss / 2**20, 1),
                          "log_lines_by_level": log_levels([p.log_path for p in bench.operators.procs]),
                          "peering": {p.name: peering_changes(p.log_path) for p in bench.operators.procs}},
