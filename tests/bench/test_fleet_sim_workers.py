@@ -2,8 +2,9 @@
 
 The operator side of each exchange is the real `Registry` (claim, send assignment/end, release); the
 simulated worker must register, become idle, take the assignment, report Streaming, ack, end on an end
-request and give its lease back exactly as `vivant worker` does, and count an assignment that reaches
-it while it is still busy (the lease was handed out too early).
+request and give its lease back exactly as `vivant worker` does, treat an assignment that reaches it while
+it is busy as the real chunk loop does, and count what the operator must never send (an assignment to a busy
+worker, the streaming session's assignment again).
 """
 
 from __future__ import annotations
@@ -89,21 +90,47 @@ async def test_worker_takes_streams_and_ends_a_session_over_the_registry(fleet: 
     await until(lambda: "pool-0-0" not in op.workers(POOL), "deregistration when the pod goes")
 
 
-async def test_an_assignment_reaching_a_busy_worker_is_dropped_and_counted(fleet: Fleet, redis_url: str) -> None:
+async def test_an_assignment_reaching_a_busy_worker_follows_the_real_workers_rules(fleet: Fleet,
+                                                                                  redis_url: str) -> None:
+    """As worker/serving/service.py's chunk loop: an assignment whose lease is not this worker's is dropped and
+    counted; one whose lease the registry moved to this worker ends the current session Failed ("lease lost")
+    and is served next."""
     op = Registry(redis_url, heartbeat_ttl_s=3.0)
     fleet.pod_event("ADDED", pod("pool-0-0"))
     await until(lambda: op.idle_workers(POOL) == ["pool-0-0"], "the worker to become idle")
     op.claim_idle_worker(POOL, "fleet/s-01")
     op.send_assignment("pool-0-0", assignment("fleet/s-01"))
     await until(lambda: (s := op.session_stats("fleet/s-01")) and s.phase == "Streaming", "Streaming reported")
-    # the lease freed while the worker still streams, then handed to another session: the race the
-    # fleet benchmark counts (the worker drops the second assignment, as worker/service.py does)
+    op.send_assignment("pool-0-0", assignment("fleet/s-03"))  # not leased to this worker
+    await until(lambda: fleet.counters["assignments_while_busy"] == 1, "the drop counted")
+    assert fleet.double[-1]["kind"] == "assigned-while-busy" and fleet.double[-1]["assigned"] == "fleet/s-03"
+    assert op.session_stats("fleet/s-03") is None  # never started
+    # the lease freed while the worker still streams, then handed to another session
     assert op.release(POOL, "pool-0-0", "fleet/s-01")
     assert op.claim_idle_worker(POOL, "fleet/s-02") == "pool-0-0"
     op.send_assignment("pool-0-0", assignment("fleet/s-02"))
-    await until(lambda: fleet.counters["assignments_while_busy"] == 1, "the drop counted")
-    assert fleet.double[-1]["kind"] == "assigned-while-busy" and fleet.double[-1]["assigned"] == "fleet/s-02"
-    assert op.session_stats("fleet/s-02") is None  # never started
+    final = await until(lambda: (s := op.session_stats("fleet/s-01")) and s.phase == "Failed" and s, "s-01 Failed")
+    assert final.end_reason == "lease lost: the worker was assigned session fleet/s-02", final
+    await until(lambda: (s := op.session_stats("fleet/s-02")) and s.phase == "Streaming", "s-02 served next")
+    assert fleet.counters["lease_lost"] == 1 and fleet.counters["assignments_while_busy"] == 1
+
+
+async def test_a_repeated_assignment_of_the_streaming_session_is_acked_and_counted(fleet: Fleet,
+                                                                                  redis_url: str) -> None:
+    """As the real chunk loop: the session streams on; the repeat is counted (the operator must not send it)."""
+    op = Registry(redis_url, heartbeat_ttl_s=3.0)
+    fleet.pod_event("ADDED", pod("pool-0-0"))
+    await until(lambda: op.idle_workers(POOL) == ["pool-0-0"], "the worker to become idle")
+    op.claim_idle_worker(POOL, "fleet/s-01")
+    op.send_assignment("pool-0-0", assignment("fleet/s-01"))
+    await until(lambda: (s := op.session_stats("fleet/s-01")) and s.phase == "Streaming", "Streaming reported")
+    op.send_assignment("pool-0-0", assignment("fleet/s-01"))
+    await until(lambda: fleet.counters["repeated_assignments"] == 1, "the repeat counted")
+    assert op.redis.llen(op.processing_key("pool-0-0")) == 0, "the repeat was not acknowledged"
+    chunks = op.session_stats("fleet/s-01").chunks
+    stats = await until(lambda: (s := op.session_stats("fleet/s-01")) and s.chunks > chunks + 2 and s, "more chunks")
+    assert stats.phase == "Streaming" and fleet.active == {"fleet/s-01": "pool-0-0"}
+    assert fleet.double[-1]["kind"] == "assignment-repeated"
 
 
 def test_bench_config_rejects_bad_values_naming_the_field() -> None:
