@@ -65,6 +65,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=session_sweep.ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=session_sweep.ANNOTATION_PREFIX)
     settings.watching.server_timeout = 60
+    # kopf posts its own log lines as Events from INFO up ("Handler ... succeeded", "Creation is processed"):
+    # two API requests per session event, nothing a user acts on. Warnings and errors are still posted.
+    settings.posting.level = logging.WARNING
     # A deleted CharacterSession keeps its finalizer until its timers have exited; when one was running at the
     # delete, kopf looks again only after `cancellation_polling` (default 60 s), so the session outlived its
     # delete by up to a minute. Look again after one second.
@@ -309,6 +312,12 @@ async def session_release(spec, meta, status, namespace, name, uid, memo, retry,
     finally:
         memo.metrics.queue_change("awaiting_end", pool, -1)
     memo.metrics.observe_reconcile("release", time.monotonic() - started)
+    secret = status.get("tokenSecret")
+    if secret and not parsed.livekit.token_secret:  # the operator's own Secret, not one the caller supplied
+        try:
+            await asyncio.to_thread(kube.delete_token_secret, namespace, secret)
+        except kube.ApiException as exc:  # its owner reference still has the garbage collector delete it
+            logger.warning(f"token Secret {secret} not deleted ({kube.api_message(exc)}); left to the garbage collector")
     if step.forced:
         logger.warning(f"worker did not stop within {session_sweep.END_GRACE_S:.0f}s of the end request; lease freed")
 

@@ -367,7 +367,9 @@ def progress_session(
     changed = {k: v for k, v in patch.items() if k != "conditions" and status.get(k) != v}
     if changed or new_phase.value != phase:
         out.status = patch
-    if new_phase.value != phase:
+    if new_phase.value != phase and new_phase in r.TERMINAL_PHASES:
+        # an Event where the session ended, and why; Connecting and Streaming are in its status only (an Event
+        # is an API request each, and nothing a user acts on)
         kind = "Warning" if new_phase == r.SessionPhase.FAILED else "Normal"
         out.events.append((kind, reason, message))
     return out
