@@ -327,6 +327,21 @@ def log_levels(paths: list[Path]) -> dict[str, int]:
     return out
 
 
+def handler_outcomes(paths: list[Path], handler: str) -> dict[str, int]:
+    """kopf's log lines of one handler's runs by outcome ("Handler 'x' succeeded.", "... failed temporarily: ..."),
+    a count that does not depend on the operator's own metrics (an older operator's run has none)."""
+    out: dict[str, int] = {}
+    mark = f"Handler '{handler}' "
+    for path in paths:
+        with path.open(errors="replace") as f:
+            for line in f:
+                if mark in line:
+                    outcome = line.split(mark, 1)[1].split(":", 1)[0].strip().rstrip(".")
+                    outcome = " ".join("N" if w.replace(".", "").isdigit() else w for w in outcome.split())
+                    out[outcome] = out.get(outcome, 0) + 1
+    return out
+
+
 def peering_changes(path: Path) -> dict[str, Any]:
     """When a replica paused for a peer of higher priority and when it resumed (kopf's peering log lines,
     their timestamps as logged): a standby that resumes while the active replica lives is a peering flap."""
@@ -418,6 +433,8 @@ def run_bench(cfg: FleetBenchConfig, state_dir: Path, keep: bool = False, log=pr
                                                                   / max(1, len(bench.driver.records)), 3),
                          "peak_rss_mib": round(peak_rss / 2**20, 1),
                          "log_lines_by_level": log_levels([p.log_path for p in bench.operators.procs]),
+                         "session_assign_runs_in_log": handler_outcomes([p.log_path for p in bench.operators.procs],
+                                                                        "session_assign"),
                          "peering": {p.name: peering_changes(p.log_path) for p in bench.operators.procs}},
         })
         if bench.killed_at is not None:
