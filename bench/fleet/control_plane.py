@@ -243,11 +243,13 @@ def _healthy(url: str) -> bool:
 
 
 def start_sim_workers(cluster: LocalCluster, namespace: str, status_file: Path, log_dir: Path,
-                      heartbeat_ttl_s: float, warmup_s: float) -> HostProcess:
+                      heartbeat_ttl_s: float, warmup_s: float, real_workers: bool = False) -> HostProcess:
     assert cluster.state is not None and cluster.state.redis_url
     cmd = [sys.executable, "-m", "vivant.bench.fleet.sim_workers", "--kubeconfig", str(cluster.kubeconfig),
            "--namespace", namespace, "--redis-url", cluster.state.redis_url, "--status-file", str(status_file),
            "--heartbeat-ttl-s", str(heartbeat_ttl_s), "--warmup-s", str(warmup_s)]
+    if real_workers:
+        cmd.append("--real-workers")
     return _spawn("sim-workers", cmd, dict(os.environ), log_dir)
 
 

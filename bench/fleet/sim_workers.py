@@ -415,16 +415,23 @@ async def _main(args: argparse.Namespace) -> None:
     registry = Registry(args.redis_url, heartbeat_ttl_s=args.heartbeat_ttl_s)
     timing = SimTiming(warmup_s=args.warmup_s, connect_s=args.connect_s, end_s=args.end_s,
                        stats_interval_s=args.stats_interval_s)
-    fleet = Fleet(registry, timing, threads=args.threads)
     loop = asyncio.get_running_loop()
-    fleet.loop = loop
     stop = threading.Event()
     done = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, done.set)
-    threads = [threading.Thread(target=_listen_inboxes, args=(registry, loop, fleet, stop), daemon=True),
-               threading.Thread(target=_watch_pods, args=(args.kubeconfig, args.namespace, loop, fleet, stop),
-                                daemon=True)]
+    fleet: Any
+    if args.real_workers:
+        from vivant.bench.fleet.real_workers import RealFleet
+
+        fleet = RealFleet(args.redis_url, timing, args.heartbeat_ttl_s)
+        threads = []
+    else:
+        fleet = Fleet(registry, timing, threads=args.threads)
+        fleet.loop = loop
+        threads = [threading.Thread(target=_listen_inboxes, args=(registry, loop, fleet, stop), daemon=True)]
+    threads.append(threading.Thread(target=_watch_pods, args=(args.kubeconfig, args.namespace, loop, fleet, stop),
+                                    daemon=True))
     for th in threads:
         th.start()
     status = Path(args.status_file)
@@ -435,6 +442,8 @@ async def _main(args: argparse.Namespace) -> None:
         except TimeoutError:
             pass
     stop.set()
+    if args.real_workers:
+        fleet.stop_all()
     _write(status, fleet.snapshot(final=True))
 
 
@@ -450,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--end-s", type=float, default=SimTiming.end_s)
     p.add_argument("--stats-interval-s", type=float, default=SimTiming.stats_interval_s)
     p.add_argument("--threads", type=int, default=8)
+    p.add_argument("--real-workers", action="store_true",
+                   help="run the real WorkerService per pod, with a null engine (real_workers.py; a few hundred)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     asyncio.run(_main(args))

@@ -83,7 +83,8 @@ async def test_worker_takes_streams_and_ends_a_session_over_the_registry(fleet: 
     final = await until(lambda: (s := op.session_stats("fleet/s-01")) and s.phase == "Ended" and s, "Ended reported")
     assert final.end_reason == "Deleted"
     await until(lambda: op.idle_workers(POOL) == ["pool-0-0"], "the lease given back")
-    assert op.worker_of("fleet/s-01") is None and fleet.active == {}
+    await until(lambda: fleet.active == {}, "the session off the worker")  # cleared just after the release
+    assert op.worker_of("fleet/s-01") is None
     assert fleet.counters["double_assignments"] == 0 and fleet.counters["assignments_while_busy"] == 0
 
     fleet.pod_event("MODIFIED", pod("pool-0-0", deleting=True))
@@ -144,3 +145,42 @@ def test_bench_config_rejects_bad_values_naming_the_field() -> None:
         SimTiming(warmup_s=-1)
     cfg = FleetBenchConfig(sessions=1000, pools=5, gpus_per_node=8)
     assert (cfg.workers_per_pool, cfg.workers, cfg.nodes) == (220, 1100, 1100)  # one 5-GPU worker per 8-GPU node
+
+
+def test_real_workers_mode_serves_with_the_real_worker_service(redis_url: str) -> None:
+    """`sim_workers --real-workers`: a pod gets the real WorkerService (null engine); the operator side is the real
+    registry. It warms up, streams an assignment at 24 fps, acknowledges the same assignment sent again and
+    counts it, and ends on an end request - what a production worker does, with no model."""
+    from vivant.bench.fleet.real_workers import RealFleet
+    from vivant.sessions.models import SessionPhase
+
+    def wait(check, what: str, timeout: float = 15.0) -> Any:  # noqa: ANN001
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if got := check():
+                return got
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    op = Registry(redis_url, heartbeat_ttl_s=3.0)
+    fleet = RealFleet(redis_url, SimTiming(warmup_s=0.05, connect_s=0.05, stats_interval_s=0.1), 3.0)
+    try:
+        fleet.pod_event("ADDED", pod("pool-0-0"))
+        wait(lambda: op.idle_workers(POOL) == ["pool-0-0"], "the real worker idle")
+        assert fleet.snapshot()["states"] == {"idle": 1}
+        assert op.claim_idle_worker(POOL, "fleet/s-01") == "pool-0-0"
+        op.send_assignment("pool-0-0", assignment("fleet/s-01"))
+        wait(lambda: (s := op.session_stats("fleet/s-01")) and s.phase == "Streaming" and s.fps > 20, "Streaming")
+        op.send_assignment("pool-0-0", assignment("fleet/s-01"))  # the operator's repeat
+        wait(lambda: fleet.snapshot()["counters"].get("repeated_assignments") == 1, "the repeat counted")
+        chunks = op.session_stats("fleet/s-01").chunks
+        wait(lambda: op.session_stats("fleet/s-01").chunks > chunks + 3, "streaming on after the repeat")
+        op.send_end("pool-0-0", "fleet/s-01", "Deleted")
+        final = wait(lambda: (s := op.session_stats("fleet/s-01")) and s.phase == SessionPhase.ENDED and s, "Ended")
+        assert final.end_reason == "Deleted"
+        snap = fleet.snapshot(final=True)
+        assert snap["counters"]["sessions_ended"] == 1 and snap["counters"]["lease_lost"] == 0, snap
+        assert "fleet/s-01" in snap["streaming_at"] and snap["double_assignments"] == []
+    finally:
+        fleet.stop_all()
+        op.close()
