@@ -29,6 +29,8 @@ guarantees a deleted session's worker is told to stop and freed.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
 import time
 from datetime import UTC, datetime
@@ -73,6 +75,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # delete by up to a minute. Look again after one second.
     settings.background.cancellation_polling = 1.0
     settings.execution.max_workers = HANDLER_THREADS
+    memo.executor = settings.execution.executor  # the pool timers' blocking part runs there too (_in_thread)
     settings.peering.priority = config.peering_priority
     settings.peering.lifetime = config.peering_lifetime_s
     kube.load_config(pool_size=HANDLER_THREADS + STATUS_WRITERS + 4)
@@ -231,6 +234,13 @@ def session_waiting(body, namespace, name, uid, memo, **_: Any) -> None:
             kopf.event(body, type=type_, reason=reason, message=message)
 
 
+async def _in_thread(memo: kopf.Memo, fn: Any, *args: Any) -> None:
+    """Run `fn(*args)` in kopf's handler threads (as kopf runs a sync handler: context copied, so kopf.event works
+    there), not asyncio's default pool (min(32, cores + 4) threads: 6 on 2 cores, fewer than the pools' timers)."""
+    ctx = contextvars.copy_context()
+    await asyncio.get_running_loop().run_in_executor(memo.get("executor"), functools.partial(ctx.run, fn, *args))
+
+
 def index_snapshot(index: kopf.Index) -> dict[str, list[session_sweep.SessionView]]:
     """A copy of the session index {pool id: views}. Taken on kopf's event loop, the thread that changes the
     index (on every watch event), so never while it changes; the pool timers then read the copy in a worker
@@ -243,7 +253,7 @@ def index_snapshot(index: kopf.Index) -> dict[str, list[session_sweep.SessionVie
 async def pool_sessions(namespace, name, memo, session_views: kopf.Index, **_: Any) -> None:
     """Every second: reconcile all the pool's sessions at once (session_sweep.py)."""
     views = list(session_views.get(resources.pool_key(namespace, name), ()))  # on the loop: see index_snapshot
-    await asyncio.to_thread(_sweep_sessions, namespace, name, memo, views)
+    await _in_thread(memo, _sweep_sessions, namespace, name, memo, views)
 
 
 def _sweep_sessions(namespace: str, name: str, memo: kopf.Memo, views: list[session_sweep.SessionView]) -> None:
@@ -315,7 +325,7 @@ async def session_release(spec, meta, status, namespace, name, uid, memo, retry,
     secret = status.get("tokenSecret")
     if secret and not parsed.livekit.token_secret:  # the operator's own Secret, not one the caller supplied
         try:
-            await asyncio.to_thread(kube.delete_token_secret, namespace, secret)
+            await _in_thread(memo, kube.delete_token_secret, namespace, secret)
         except kube.ApiException as exc:  # its owner reference still has the garbage collector delete it
             logger.warning(f"token Secret {secret} not deleted ({kube.api_message(exc)}); left to the garbage collector")
     if step.forced:
@@ -407,7 +417,7 @@ async def pool_tick(body, spec, meta, status, namespace, name, patch, memo, sess
                     **_: Any) -> None:
     """Every 2 s: size the StatefulSet (busy + minIdle), roll idle outdated pods, mirror the pool's state."""
     views = index_snapshot(session_views)  # on the loop: see index_snapshot
-    await asyncio.to_thread(_pool_tick, body, spec, meta, status, namespace, name, patch, memo, views)
+    await _in_thread(memo, _pool_tick, body, spec, meta, status, namespace, name, patch, memo, views)
 
 
 def _pool_tick(body: Any, spec: Any, meta: Any, status: Any, namespace: str, name: str, patch: kopf.Patch,
