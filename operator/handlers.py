@@ -9,6 +9,8 @@ its outcome (status patch, Events, the token Secret, StatefulSet size). Errors b
   the next spec change, not forever;
 - Redis unreachable (`RegistryUnavailable`) or other Kubernetes API errors -> `kopf.TemporaryError`
   with exponential backoff (1 s, 2 s, 4 s ... 30 s) in event handlers; the timers try again next tick.
+A session's create handler runs once (its status goes in kopf's patch, see session_assign); the pool
+timers read a copy of kopf's session index taken on kopf's event loop (index_snapshot).
 Nothing runs per session per second (docs/ARCHITECTURE.md, "The control plane at fleet scale"): a
 session is assigned on its create/resume event; one that finds no idle worker says why in its status,
 its pool's sweep (`session_sweep.py`, one kopf timer per pool) assigns it once a worker is idle, and
@@ -27,6 +29,8 @@ guarantees a deleted session's worker is told to stop and freed.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
 import time
 from datetime import UTC, datetime
@@ -34,10 +38,9 @@ from typing import Any
 
 import kopf
 import pydantic
-from vivant.apis import resources as r
+from vivant.apis import resources
 from vivant.apis.feature_flags import FUSED_GEMM_ALL_REDUCE
-from vivant.operator import builders as b
-from vivant.operator import kube, reconcile, session_sweep
+from vivant.operator import builders, kube, reconcile, session_sweep
 from vivant.operator.config import OperatorConfig
 from vivant.operator.metrics import default_metrics, serve
 from vivant.operator.status_writer import StatusWriter
@@ -45,10 +48,10 @@ from vivant.sessions.flags import FlagStore
 from vivant.sessions.registry import Registry, RegistryUnavailable
 
 FINALIZER = "vivant.dev/release-worker"
-SESSIONS = (r.GROUP, r.VERSION, r.SESSION_PLURAL)
-POOLS = (r.GROUP, r.VERSION, r.POOL_PLURAL)
+SESSIONS = (resources.GROUP, resources.VERSION, resources.SESSION_PLURAL)
+POOLS = (resources.GROUP, resources.VERSION, resources.POOL_PLURAL)
 POOL_TICK_S = 2.0
-TERMINAL = frozenset(p.value for p in r.TERMINAL_PHASES)
+TERMINAL = frozenset(p.value for p in resources.TERMINAL_PHASES)
 HANDLER_THREADS = 16  # kopf's pool for sync handlers (its default is min(32, cores + 4): 6 on 2 cores)
 STATUS_WRITERS = 8  # threads writing session status (status_writer.py)
 WAITING_CHECK_S = 5.0  # how often a session waiting for a worker re-checks on its own (session_waiting)
@@ -61,14 +64,18 @@ log = logging.getLogger(__name__)
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     config: OperatorConfig = memo.get("config") or OperatorConfig.from_env()
     settings.persistence.finalizer = FINALIZER
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="vivant.dev")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="vivant.dev")
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=session_sweep.ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=session_sweep.ANNOTATION_PREFIX)
     settings.watching.server_timeout = 60
+    # kopf posts its own log lines as Events from INFO up ("Handler ... succeeded", "Creation is processed"):
+    # two API requests per session event, nothing a user acts on. Warnings and errors are still posted.
+    settings.posting.level = logging.WARNING
     # A deleted CharacterSession keeps its finalizer until its timers have exited; when one was running at the
     # delete, kopf looks again only after `cancellation_polling` (default 60 s), so the session outlived its
     # delete by up to a minute. Look again after one second.
     settings.background.cancellation_polling = 1.0
     settings.execution.max_workers = HANDLER_THREADS
+    memo.executor = settings.execution.executor  # the pool timers' blocking part runs there too (_in_thread)
     settings.peering.priority = config.peering_priority
     settings.peering.lifetime = config.peering_lifetime_s
     kube.load_config(pool_size=HANDLER_THREADS + STATUS_WRITERS + 4)
@@ -98,10 +105,10 @@ def _retry(kind: str, memo: kopf.Memo, retry: int, exc: Exception) -> kopf.Tempo
 
 def _session(spec: Any, meta: Any, namespace: str, name: str, uid: str, patch: kopf.Patch) -> tuple:
     try:
-        parsed = r.CharacterSessionSpec.model_validate(dict(spec))
+        parsed = resources.CharacterSessionSpec.model_validate(dict(spec))
     except pydantic.ValidationError as exc:
         msg = "invalid spec: " + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        patch.status.update(b.session_phase_patch({}, r.SessionPhase.FAILED, "InvalidSpec", msg))
+        patch.status.update(builders.session_phase_patch({}, resources.SessionPhase.FAILED, "InvalidSpec", msg))
         raise kopf.PermanentError(msg) from None
     created = reconcile._parse_time(meta.get("creationTimestamp")) or datetime.now(tz=UTC)
     return reconcile.SessionRef(namespace=namespace, name=name, uid=uid, created=created), parsed
@@ -118,7 +125,7 @@ def _pool_view(memo: kopf.Memo, namespace: str, pool: str) -> reconcile.PoolView
     if cached is not None and now - cached[0] < POOL_VIEW_TTL_S:
         return cached[1]
     obj = kube.worker_pool(namespace, pool)
-    pods = tuple(kube.pool_pods(namespace, b.pool_selector(pool))) if obj is not None else ()
+    pods = tuple(kube.pool_pods(namespace, builders.pool_selector(pool))) if obj is not None else ()
     view = reconcile.PoolView(pool=obj, pods=pods)
     memo.pool_views[key] = (now, view)
     return view
@@ -136,16 +143,19 @@ def _write_token_secret(manifest: dict[str, Any]) -> None:
         raise
 
 
-def _assign(view: session_sweep.SessionView, memo: kopf.Memo) -> reconcile.Outcome | None:
-    """Try to assign a waiting session (create/resume handler and its pool's sweep) and queue its status
-    patch. None when there is nothing to do: another path assigned it meanwhile, or it is being deleted.
-    The status patch is remembered before it is written, so the sweep never assigns it twice."""
+def _assign(view: session_sweep.SessionView, memo: kopf.Memo,
+            patch: kopf.Patch | None = None) -> reconcile.Outcome | None:
+    """Try to assign a waiting session (create/resume handler, its pool's sweep, its waiting timer) and write
+    its status: into `patch` (the create handler's: kopf writes it in the same round as its own record that the
+    handler ran), else through the status writer's queue. None when there is nothing to do: another path
+    assigned it meanwhile, or it is being deleted. The status patch is remembered before it is written, so
+    the sweep never assigns it twice."""
     state: session_sweep.SweepState = memo.sweep
     assert view.spec is not None
     with state.lock(view.uid):
         status = state.status(view)
         if view.uid in state.releasing or status.get("worker") or status.get("phase") not in (
-                None, r.SessionPhase.PENDING.value):
+                None, resources.SessionPhase.PENDING.value):
             return None
         cfg: OperatorConfig = memo.config
         started = time.monotonic()
@@ -156,36 +166,53 @@ def _assign(view: session_sweep.SessionView, memo: kopf.Memo) -> reconcile.Outco
             pool_view=lambda: _pool_view(memo, view.namespace, view.spec.pool),
         )
         if out.status:
-            seq = state.remember(view.uid, out.status)
-            memo.writer.put(view.namespace, view.name, view.uid, out.status, tag=seq)
+            seq = state.remember(view.uid, out.status, by_kopf=patch is not None)
+            if patch is not None:
+                patch.status.update(out.status)
+            else:
+                memo.writer.put(view.namespace, view.name, view.uid, out.status, tag=seq)
             if out.status.get("phase") != status.get("phase") or out.status.get("message") != status.get("message"):
                 log.info("session %s/%s: %s: %s", view.namespace, view.name, out.status.get("phase"),
                          out.status.get("message"))
     memo.metrics.observe_reconcile("assign", time.monotonic() - started)
     if out.assigned_after_s is not None:
-        memo.metrics.observe_assignment(r.pool_key(view.namespace, view.spec.pool), out.assigned_after_s)
+        memo.metrics.observe_assignment(resources.pool_key(view.namespace, view.spec.pool), out.assigned_after_s)
     return out
 
 
 @kopf.on.create(*SESSIONS)
 @kopf.on.resume(*SESSIONS)
-def session_assign(body, spec, meta, status, namespace, name, uid, patch, memo, retry, **_: Any) -> None:
-    if status.get("phase") in (p.value for p in r.TERMINAL_PHASES):
+def session_assign(body, spec, meta, status, namespace, name, uid, patch, memo, retry, reason, **_: Any) -> None:
+    """A new (or, at operator start, an unfinished) session: assign it, or say why it waits.
+
+    Its status goes into kopf's own patch, not through the status writer: kopf writes it right after its
+    record that this handler ran (the diff-base annotation), so no version of the object carries our status
+    without that record. kopf would take such a version, once its watch lags past its consistency timeout
+    (5 s), for a session not handled yet, and run this handler again on it (and the sweeps leave a session
+    alone until the record shows: SessionView.handled)."""
+    # kopf's cause: create, or resume (at operator start; mixed into an update made while it was down)
+    memo.metrics.handler_run("session_create" if reason == "create" else "session_resume")
+    if status.get("phase") in (p.value for p in resources.TERMINAL_PHASES):
         return
     _session(spec, meta, namespace, name, uid, patch)  # an invalid spec fails here, naming the field
     view = session_sweep.SessionView.from_body(body)
     try:
-        out = _assign(view, memo)
+        out = _assign(view, memo, patch)
     except (RegistryUnavailable, kube.ApiException) as exc:
-        raise _retry(r.SESSION_KIND, memo, retry, exc) from None
-    if out is not None:  # waiting for a worker: the pool's sweep assigns it when one is idle
-        for type_, reason, message in out.events:
-            kopf.event(body, type=type_, reason=reason, message=message)
+        raise _retry(resources.SESSION_KIND, memo, retry, exc) from None
+    if out is None:
+        # assigned before (an earlier run whose kopf patch was lost, or a sweep): what this process remembers
+        # writing and the object does not show yet goes into this run's patch, so it is not lost with the other
+        patch.status.update(memo.sweep.unshown(view))
+        return
+    for type_, reason_, message in out.events:  # waiting: the pool's sweep assigns it when a worker is idle
+        kopf.event(body, type=type_, reason=reason_, message=message)
 
 
 def _waiting(status: Any, meta: Any, **_: Any) -> bool:
-    return (status.get("phase") in (None, r.SessionPhase.PENDING.value) and not status.get("worker")
-            and not meta.get("deletionTimestamp"))
+    """Waiting for a worker after its create handler ran (before that, the create handler assigns it)."""
+    return (status.get("phase") in (None, resources.SessionPhase.PENDING.value) and not status.get("worker")
+            and not meta.get("deletionTimestamp") and session_sweep.HANDLED_ANNOTATION in (meta.get("annotations") or {}))
 
 
 @kopf.timer(*SESSIONS, interval=WAITING_CHECK_S, initial_delay=WAITING_CHECK_S, when=_waiting)
@@ -199,7 +226,7 @@ def session_waiting(body, namespace, name, uid, memo, **_: Any) -> None:
     try:
         out = _assign(view, memo)
     except (RegistryUnavailable, kube.ApiException) as exc:
-        memo.metrics.reconcile_error(r.SESSION_KIND)
+        memo.metrics.reconcile_error(resources.SESSION_KIND)
         log.warning("session %s/%s: %s; next try in %.0fs", namespace, name, exc, WAITING_CHECK_S)
         return
     if out is not None:
@@ -207,10 +234,30 @@ def session_waiting(body, namespace, name, uid, memo, **_: Any) -> None:
             kopf.event(body, type=type_, reason=reason, message=message)
 
 
+async def _in_thread(memo: kopf.Memo, fn: Any, *args: Any) -> None:
+    """Run `fn(*args)` in kopf's handler threads (as kopf runs a sync handler: context copied, so kopf.event works
+    there), not asyncio's default pool (min(32, cores + 4) threads: 6 on 2 cores, fewer than the pools' timers)."""
+    ctx = contextvars.copy_context()
+    await asyncio.get_running_loop().run_in_executor(memo.get("executor"), functools.partial(ctx.run, fn, *args))
+
+
+def index_snapshot(index: kopf.Index) -> dict[str, list[session_sweep.SessionView]]:
+    """A copy of the session index {pool id: views}. Taken on kopf's event loop, the thread that changes the
+    index (on every watch event), so never while it changes; the pool timers then read the copy in a worker
+    thread. Iterating the index itself from a handler thread raised "dictionary changed size during
+    iteration" whenever a session came or went meanwhile, and the pool's timer stopped for its retry delay."""
+    return {key: list(store) for key, store in index.items()}
+
+
 @kopf.timer(*POOLS, interval=session_sweep.SWEEP_S, initial_delay=session_sweep.SWEEP_S)
-def pool_sessions(namespace, name, memo, session_views: kopf.Index, **_: Any) -> None:
+async def pool_sessions(namespace, name, memo, session_views: kopf.Index, **_: Any) -> None:
     """Every second: reconcile all the pool's sessions at once (session_sweep.py)."""
-    pool = r.pool_key(namespace, name)
+    views = list(session_views.get(resources.pool_key(namespace, name), ()))  # on the loop: see index_snapshot
+    await _in_thread(memo, _sweep_sessions, namespace, name, memo, views)
+
+
+def _sweep_sessions(namespace: str, name: str, memo: kopf.Memo, views: list[session_sweep.SessionView]) -> None:
+    pool = resources.pool_key(namespace, name)
     state: session_sweep.SweepState = memo.sweep
     started = time.monotonic()
 
@@ -224,7 +271,7 @@ def pool_sessions(namespace, name, memo, session_views: kopf.Index, **_: Any) ->
 
     try:
         res = session_sweep.sweep_pool(
-            list(session_views.get(pool, [])), registry=memo.registry, state=state, timeouts=memo.config.timeouts,
+            views, registry=memo.registry, state=state, timeouts=memo.config.timeouts,
             write_status=lambda view, p, seq, urgent: memo.writer.put(view.namespace, view.name, view.uid, p, tag=seq,
                                                                       urgent=urgent),
             assign=assign)
@@ -235,7 +282,7 @@ def pool_sessions(namespace, name, memo, session_views: kopf.Index, **_: Any) ->
                 kopf.warn(view.event_body(), reason="FlagRolledBack", message=f"{FUSED_GEMM_ALL_REDUCE} turned off: {reason}")
                 memo.metrics.flag_rollback(rb_pool, FUSED_GEMM_ALL_REDUCE, "fault" if "fault" in reason else "fps")
     except (RegistryUnavailable, kube.ApiException) as exc:
-        memo.metrics.reconcile_error(r.SESSION_KIND)
+        memo.metrics.reconcile_error(resources.SESSION_KIND)
         log.warning("pool %s: session sweep failed (%s); next sweep in %.0fs", pool, exc, session_sweep.SWEEP_S)
         return
     memo.metrics.observe_reconcile("session_sweep", time.monotonic() - started)
@@ -248,13 +295,13 @@ async def session_release(spec, meta, status, namespace, name, uid, memo, retry,
     """Ask the worker to stop; the finalizer goes once the worker has given the lease back (or, if it
     hangs, once the operator freed it after session_sweep.END_GRACE_S)."""
     try:
-        parsed = r.CharacterSessionSpec.model_validate(dict(spec))
+        parsed = resources.CharacterSessionSpec.model_validate(dict(spec))
     except pydantic.ValidationError:
         return  # never assigned: nothing to release
     memo.sweep.releasing.add(uid)  # nothing assigns it from now on
     ref = reconcile.SessionRef(namespace=namespace, name=name, uid=uid, created=datetime.now(tz=UTC))
     started, pause = time.monotonic(), 0.05
-    pool = r.pool_key(namespace, parsed.pool)
+    pool = resources.pool_key(namespace, parsed.pool)
     memo.metrics.queue_change("awaiting_end", pool, +1)
     try:
         while True:
@@ -263,7 +310,7 @@ async def session_release(spec, meta, status, namespace, name, uid, memo, retry,
                                                  end_sent_at=memo.get("end_sent_at"), now=datetime.now(tz=UTC),
                                                  grace_s=session_sweep.END_GRACE_S)
             except RegistryUnavailable as exc:
-                raise _retry(r.SESSION_KIND, memo, retry, exc) from None
+                raise _retry(resources.SESSION_KIND, memo, retry, exc) from None
             if step.end_sent:
                 memo["end_sent_at"] = datetime.now(tz=UTC)
             if step.done:
@@ -275,6 +322,12 @@ async def session_release(spec, meta, status, namespace, name, uid, memo, retry,
     finally:
         memo.metrics.queue_change("awaiting_end", pool, -1)
     memo.metrics.observe_reconcile("release", time.monotonic() - started)
+    secret = status.get("tokenSecret")
+    if secret and not parsed.livekit.token_secret:  # the operator's own Secret, not one the caller supplied
+        try:
+            await _in_thread(memo, kube.delete_token_secret, namespace, secret)
+        except kube.ApiException as exc:  # its owner reference still has the garbage collector delete it
+            logger.warning(f"token Secret {secret} not deleted ({kube.api_message(exc)}); left to the garbage collector")
     if step.forced:
         logger.warning(f"worker did not stop within {session_sweep.END_GRACE_S:.0f}s of the end request; lease freed")
 
@@ -282,24 +335,24 @@ async def session_release(spec, meta, status, namespace, name, uid, memo, retry,
 @kopf.index(*SESSIONS)
 def session_views(body, namespace, spec, **_: Any) -> dict[str, session_sweep.SessionView]:
     """Every session by its pool id, as the sweeps and the phase counts read them (no API read)."""
-    return {r.pool_key(namespace, spec.get("pool", "?")): session_sweep.SessionView.from_body(body)}
+    return {resources.pool_key(namespace, spec.get("pool", "?")): session_sweep.SessionView.from_body(body)}
 
 
 # ------------------------------------------------------------------------------------------- pools
 
 
-def _parse_pool(spec: Any, name: str) -> r.WorkerPoolSpec:
+def _parse_pool(spec: Any, name: str) -> resources.WorkerPoolSpec:
     """The pool's spec (and name) through the models; pydantic.ValidationError names the field."""
-    r.PoolMeta.model_validate({"name": name})
-    return r.WorkerPoolSpec.model_validate(dict(spec))
+    resources.PoolMeta.model_validate({"name": name})
+    return resources.WorkerPoolSpec.model_validate(dict(spec))
 
 
-def _pool(spec: Any, name: str, status: Any, patch: kopf.Patch) -> r.WorkerPoolSpec:
+def _pool(spec: Any, name: str, status: Any, patch: kopf.Patch) -> resources.WorkerPoolSpec:
     try:
         return _parse_pool(spec, name)
     except pydantic.ValidationError as exc:
         msg = "invalid spec: " + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        patch.status["conditions"] = b.set_condition(status.get("conditions") or [], "Ready", False, "InvalidSpec", msg)
+        patch.status["conditions"] = builders.set_condition(status.get("conditions") or [], "Ready", False, "InvalidSpec", msg)
         raise kopf.PermanentError(msg) from None
 
 
@@ -312,28 +365,28 @@ def pool_apply(body, spec, meta, status, namespace, name, uid, patch, memo, retr
     An object the API server rejects is reported (Ready=False `<Kind>Rejected` with the server's message,
     a Warning Event) and not retried until the spec changes."""
     parsed = _pool(spec, name, status, patch)
-    owner = b.Owner(kind=r.POOL_KIND, name=name, uid=uid)
+    owner = builders.Owner(kind=resources.POOL_KIND, name=name, uid=uid)
     generation = int(meta.get("generation") or 1)
     try:
         current = kube.statefulset_replicas(namespace, name) or 0
         plan = reconcile.pool_scale(name, namespace, parsed, current, registry=memo.registry)
-        for manifest in (b.build_statefulset(name, namespace, owner, parsed, plan.replicas, memo.config.runtime),
-                         b.build_headless_service(name, namespace, owner), b.build_pdb(name, namespace, owner)):
+        for manifest in (builders.build_statefulset(name, namespace, owner, parsed, plan.replicas, memo.config.runtime),
+                         builders.build_headless_service(name, namespace, owner), builders.build_pdb(name, namespace, owner)):
             try:
                 kube.apply(manifest)
             except kube.ApiException as exc:
                 if not kube.is_rejection(exc):
                     raise
                 reason, msg = f"{manifest['kind']}Rejected", kube.api_message(exc)
-                patch.status["conditions"] = b.set_condition(status.get("conditions") or [], "Ready", False, reason,
+                patch.status["conditions"] = builders.set_condition(status.get("conditions") or [], "Ready", False, reason,
                                                              msg, generation=generation)
                 patch.status["observedGeneration"] = generation
                 kopf.warn(body, reason=reason, message=msg)
                 raise kopf.PermanentError(f"{reason}: {msg}") from None
         _, flag_patch = reconcile.apply_spec_flags(name, namespace, parsed, generation, dict(status), memo.flags)
     except (RegistryUnavailable, kube.ApiException) as exc:
-        raise _retry(r.POOL_KIND, memo, retry, exc) from None
-    flag_patch["conditions"] = b.set_condition(flag_patch["conditions"], "Ready", True, "Applied",
+        raise _retry(resources.POOL_KIND, memo, retry, exc) from None
+    flag_patch["conditions"] = builders.set_condition(flag_patch["conditions"], "Ready", True, "Applied",
                                                "StatefulSet, Service and PodDisruptionBudget applied",
                                                generation=generation)
     patch.status.update({**flag_patch, "observedGeneration": generation})
@@ -343,7 +396,7 @@ def pool_apply(body, spec, meta, status, namespace, name, uid, patch, memo, retr
 @kopf.on.delete(*POOLS, optional=True)
 def pool_deleted(namespace, name, memo, **_: Any) -> None:
     """The StatefulSet, Service and PDB go with the pool (ownerReferences); drop its metric series."""
-    memo.metrics.pool_deleted(r.pool_key(namespace, name))
+    memo.metrics.pool_deleted(resources.pool_key(namespace, name))
 
 
 def _roll(body: Any, namespace: str, name: str, sts: dict[str, Any], memo: kopf.Memo) -> None:
@@ -351,7 +404,7 @@ def _roll(body: Any, namespace: str, name: str, sts: dict[str, Any], memo: kopf.
     st = sts.get("status") or {}
     if not st.get("updateRevision") or int(st.get("updatedReplicas") or 0) >= int(st.get("replicas") or 0):
         return  # every pod is at the latest template (OnDelete never moves currentRevision, so not that)
-    pods = kube.pool_pods(namespace, b.pool_selector(name))
+    pods = kube.pool_pods(namespace, builders.pool_selector(name))
     step = reconcile.roll_pool(name, namespace, pods, sts, registry=memo.registry)
     if step is not None and kube.delete_pod(namespace, step.pod, step.uid):
         msg = f"replacing idle worker {step.pod} (template {step.revision} -> {st['updateRevision']})"
@@ -360,13 +413,20 @@ def _roll(body: Any, namespace: str, name: str, sts: dict[str, Any], memo: kopf.
 
 
 @kopf.timer(*POOLS, interval=POOL_TICK_S, initial_delay=POOL_TICK_S)
-def pool_tick(body, spec, meta, status, namespace, name, patch, memo, session_views: kopf.Index, **_: Any) -> None:
+async def pool_tick(body, spec, meta, status, namespace, name, patch, memo, session_views: kopf.Index,
+                    **_: Any) -> None:
     """Every 2 s: size the StatefulSet (busy + minIdle), roll idle outdated pods, mirror the pool's state."""
+    views = index_snapshot(session_views)  # on the loop: see index_snapshot
+    await _in_thread(memo, _pool_tick, body, spec, meta, status, namespace, name, patch, memo, views)
+
+
+def _pool_tick(body: Any, spec: Any, meta: Any, status: Any, namespace: str, name: str, patch: kopf.Patch,
+               memo: kopf.Memo, session_views: dict[str, list[session_sweep.SessionView]]) -> None:
     try:
         parsed = _parse_pool(spec, name)
     except pydantic.ValidationError:
         return  # pool_apply reported it (Ready=False InvalidSpec)
-    pool = r.pool_key(namespace, name)
+    pool = resources.pool_key(namespace, name)
     try:
         sts = kube.statefulset(namespace, name)
         if sts is None:
@@ -391,7 +451,7 @@ def pool_tick(body, spec, meta, status, namespace, name, patch, memo, session_vi
         flagset, flag_patch = reconcile.apply_spec_flags(
             name, namespace, parsed, int(meta.get("generation") or 1), dict(status), memo.flags)
     except (RegistryUnavailable, kube.ApiException) as exc:
-        memo.metrics.reconcile_error(r.POOL_KIND)
+        memo.metrics.reconcile_error(resources.POOL_KIND)
         log.warning("pool %s: %s; retrying next tick", pool,
                     kube.api_message(exc) if isinstance(exc, kube.ApiException) else exc)
         return
@@ -406,7 +466,7 @@ def pool_tick(body, spec, meta, status, namespace, name, patch, memo, session_vi
     counts: dict[tuple[str, str, str], int] = {}
     for key, views in session_views.items():
         for v in views:
-            k = (v.namespace, key, v.status.get("phase") or r.SessionPhase.PENDING.value)
+            k = (v.namespace, key, v.status.get("phase") or resources.SessionPhase.PENDING.value)
             counts[k] = counts.get(k, 0) + 1
     memo.metrics.set_session_counts(counts)
     memo.sweep.forget_all_but(v.uid for views in session_views.values() for v in views)

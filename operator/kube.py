@@ -18,6 +18,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.rest import ApiException
 from vivant.apis import resources as r
+from vivant.operator import builders
 
 FIELD_MANAGER = "vivant-operator"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
@@ -118,6 +119,15 @@ def put_token_secret(manifest: dict[str, Any]) -> None:
             if exc.status not in (404, 409):  # gone or changed meanwhile: start over
                 raise
     raise ApiException(status=409, reason=f"Secret {ns}/{name} kept coming back while it was written")
+
+
+def delete_token_secret(namespace: str, name: str) -> None:
+    """Delete the operator's token Secret `name`, if it is there and carries the operator's managed-by label
+    (one request: a collection delete narrowed to that name and label, so somebody else's Secret of that
+    name is left alone). The garbage collector would delete it too, through its owner reference, but at a
+    burst's pace that took tens of seconds after the session was gone."""
+    kubernetes.client.CoreV1Api().delete_collection_namespaced_secret(
+        namespace, field_selector=f"metadata.name={name}", label_selector=f"{MANAGED_BY_LABEL}={builders.MANAGED_BY}")
 
 
 def statefulset(namespace: str, name: str) -> dict[str, Any] | None:

@@ -38,6 +38,7 @@ WORKER_STATES = ("idle", "busy", "starting", "draining")
 ASSIGNMENT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 RECONCILE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 HANDLERS = ("assign", "session_sweep", "release")
+EVENT_HANDLERS = ("session_create", "session_resume")
 QUEUES = ("waiting_for_worker", "awaiting_end", "status_writes")
 
 
@@ -82,6 +83,10 @@ class OperatorMetrics:
         )
         self._dead_letters = Counter(
             "vivant_operator_inbox_dead_letters", "Inbox messages workers rejected as malformed.", registry=r,
+        )
+        self._handler_runs = Counter(
+            "vivant_operator_handler_runs", "Runs of a kopf event handler (session_create, session_resume).",
+            ["handler"], registry=r,
         )
         # a registry count last observed, per counter child: (pool, kind) or "dead_letters" -> n
         self._seen: dict[object, int] = {}
@@ -161,6 +166,12 @@ class OperatorMetrics:
         if delta not in (-1, 1):
             raise ValueError(f"delta: expected +1 or -1, got {delta!r}")
         self._queue.labels(queue=_queue(queue), pool=_name("pool", pool)).inc(delta)
+
+    def handler_run(self, handler: str) -> None:
+        """One run of an event handler (kopf runs a session's create handler once unless it fails)."""
+        if handler not in EVENT_HANDLERS:
+            raise ValueError(f"handler: expected one of {', '.join(EVENT_HANDLERS)}, got {handler!r}")
+        self._handler_runs.labels(handler=handler).inc()
 
     def reconcile_error(self, kind: str) -> None:
         self._errors.labels(kind=_name("kind", kind)).inc()

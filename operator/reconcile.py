@@ -38,7 +38,7 @@ from vivant.apis.livekit_token import LiveKitCredentials, avatar_identity, mint_
 from vivant.operator import builders as b
 from vivant.sessions.flags import FlagStore
 from vivant.sessions.models import Assignment, FlagSet, PoolCounts
-from vivant.sessions.registry import Registry, SessionObservation
+from vivant.sessions.registry import Registry, RegistryUnavailable, SessionObservation
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +191,10 @@ def assign_session(
                        events=[("Warning", reason, msg)] if warn else [], retry_s=2.0)
 
     supplied = getattr(spec.livekit, "token_secret", None)
+    holder = registry.worker_of(ref.session_id)
+    if holder is not None and registry.session_of(pool, holder) == ref.session_id:
+        return _already_assigned(ref, spec, status, holder, registry=registry, now=now, supplied=supplied,
+                                 read_token=read_token)
     token = None
     if supplied:
         token = read_token(supplied) if read_token is not None else None
@@ -215,20 +219,26 @@ def assign_session(
                 agent_identity=spec.livekit.agent_identity, ttl=token_ttl,
             )
             apply_secret(b.build_token_secret(ref.name, ref.namespace, ref.owner(), token))
-        overrides = spec.flags.model_dump(by_alias=True, exclude_none=True) if spec.flags else {}
-        registry.send_assignment(worker, Assignment(
-            session_id=ref.session_id, namespace=ref.namespace, pool=pool, character=spec.character,
-            room=spec.livekit.room, livekit_url=spec.livekit.url, agent_identity=spec.livekit.agent_identity,
-            token=token, max_duration_s=float(spec.max_duration_seconds), flag_overrides=overrides,
-        ))
+        registry.send_assignment(worker, _assignment(ref, spec, token))
     except SecretWriteError as exc:
         registry.release(pool, worker, ref.session_id)
         return wait("TokenSecretFailed", f"cannot write token Secret {b.token_secret_name(ref.name)}: {exc}", warn=True)
     except BaseException:
         registry.release(pool, worker, ref.session_id)  # nothing was sent: the worker is free again
         raise
+    return _assigned(ref, status, worker, registry=registry, now=now, supplied=supplied)
+
+
+def _assigned(ref: SessionRef, status: dict[str, Any], worker: str, *, registry: Registry, now: datetime,
+              supplied: str | None) -> Outcome:
+    """The status of a session whose assignment went to `worker`. The worker's node is looked up for the status
+    only; Redis failing here loses the node, not the assignment (the assignment is out: raising would have the
+    handler retried for a session that has a worker)."""
     msg = f"assigned to worker {worker}"
-    info = registry.worker_info(worker)  # this worker only: never the whole pool per assignment
+    try:
+        info = registry.worker_info(worker)  # this worker only: never the whole pool per assignment
+    except RegistryUnavailable:
+        info = None
     patch = b.session_phase_patch(
         status, r.SessionPhase.ASSIGNED, "WorkerAssigned", msg, now=now,
         worker=worker, node=(info.node or None) if info else None,
@@ -236,6 +246,36 @@ def assign_session(
     )
     return Outcome(status=patch, events=[("Normal", "WorkerAssigned", msg)],
                    assigned_after_s=max(0.0, (now - ref.created).total_seconds()))
+
+
+def _already_assigned(ref: SessionRef, spec: r.CharacterSessionSpec, status: dict[str, Any], holder: str, *,
+                      registry: Registry, now: datetime, supplied: str | None,
+                      read_token: Callable[[str], str | None] | None) -> Outcome:
+    """A session whose status names no worker but which Redis says `holder` holds: an earlier attempt claimed
+    it and its outcome was not recorded (the handler failed after the claim, or ran again on an older copy of
+    the object). It is not handed out again and its token Secret is left as it is: the status records the
+    holder. Only an assignment that never reached the holder (no message for it in the worker's inbox, no
+    report from the worker: the operator stopped between the claim and the send) is sent again, to the same
+    worker, with the token already written."""
+    if not registry.assignment_delivered(holder, ref.session_id):
+        token = read_token(supplied or b.token_secret_name(ref.name)) if read_token is not None else None
+        if not token:
+            # nothing to send it with: free the worker; the session is assigned afresh (new token) on its next try
+            registry.release(r.pool_key(ref.namespace, spec.pool), holder, ref.session_id)
+            return Outcome(retry_s=0.0)
+        registry.send_assignment(holder, _assignment(ref, spec, token))
+        log.warning("session %s: its claim of worker %s was never sent; sent now", ref.session_id, holder)
+    return _assigned(ref, status, holder, registry=registry, now=now, supplied=supplied)
+
+
+def _assignment(ref: SessionRef, spec: r.CharacterSessionSpec, token: str) -> Assignment:
+    overrides = spec.flags.model_dump(by_alias=True, exclude_none=True) if spec.flags else {}
+    return Assignment(
+        session_id=ref.session_id, namespace=ref.namespace, pool=r.pool_key(ref.namespace, spec.pool),
+        character=spec.character, room=spec.livekit.room, livekit_url=spec.livekit.url,
+        agent_identity=spec.livekit.agent_identity, token=token, max_duration_s=float(spec.max_duration_seconds),
+        flag_overrides=overrides,
+    )
 
 
 def _end(ref: SessionRef, pool: str, worker: str, registry: Registry, reason: str) -> None:
@@ -322,11 +362,14 @@ def progress_session(
         new_phase, reason = r.SessionPhase.ENDED, "MaxDuration"
         message = f"ended after maxDurationSeconds={spec.max_duration_seconds}"
 
-    patch = b.session_phase_patch(status, new_phase, reason, message, now=now, **fields)
+    # the worker goes with every write: a status whose Assigned write was lost still names it
+    patch = b.session_phase_patch(status, new_phase, reason, message, now=now, worker=worker, **fields)
     changed = {k: v for k, v in patch.items() if k != "conditions" and status.get(k) != v}
     if changed or new_phase.value != phase:
         out.status = patch
-    if new_phase.value != phase:
+    if new_phase.value != phase and new_phase in r.TERMINAL_PHASES:
+        # an Event where the session ended, and why; Connecting and Streaming are in its status only (an Event
+        # is an API request each, and nothing a user acts on)
         kind = "Warning" if new_phase == r.SessionPhase.FAILED else "Normal"
         out.events.append((kind, reason, message))
     return out

@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 SWEEP_S = 1.0  # how often each pool's sessions are reconciled
 STATS_REFRESH_S = 30.0  # the longest a session's mirrored stats may lag (phase changes are written at once)
 END_GRACE_S = 15.0  # how long a worker has to give a lease back after an end request before it is freed
+ANNOTATION_PREFIX = "vivant.dev"  # kopf's progress and diff-base annotations (handlers.configure)
+# kopf writes it once the create/resume handler has succeeded: a session without it is the create handler's to assign
+HANDLED_ANNOTATION = f"{ANNOTATION_PREFIX}/last-handled-configuration"
 _LIVE = frozenset({r.SessionPhase.ASSIGNED.value, r.SessionPhase.CONNECTING.value, r.SessionPhase.STREAMING.value})
 _TERMINAL = frozenset(p.value for p in r.TERMINAL_PHASES)
 _STATS_FIELDS = frozenset({"avgFps", "stalls", "chunkP99Ms"})
@@ -57,6 +60,7 @@ class SessionView:
     status: dict[str, Any]
     deleting: bool
     resource_version: int | None = None  # metadata.resourceVersion when it is a number (etcd's revision)
+    handled: bool = True  # its create handler has run (kopf's HANDLED_ANNOTATION is on the object)
 
     @classmethod
     def from_body(cls, body: Any) -> SessionView:
@@ -69,7 +73,8 @@ class SessionView:
         return cls(namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid", ""),
                    created=created, spec=spec, status=dict(body.get("status") or {}),
                    deleting=bool(meta.get("deletionTimestamp")),
-                   resource_version=resource_version_number(meta.get("resourceVersion")))
+                   resource_version=resource_version_number(meta.get("resourceVersion")),
+                   handled=HANDLED_ANNOTATION in (meta.get("annotations") or {}))
 
     @property
     def ref(self) -> reconcile.SessionRef:
@@ -100,6 +105,7 @@ class SweepState:
     releasing: set[str] = field(default_factory=set)  # uids being deleted: never assign them
     _seq: dict[str, int] = field(default_factory=dict)  # uid -> number of the last remembered patch
     _confirmed: dict[str, int] = field(default_factory=dict)  # uid -> resourceVersion after the last patch
+    _kopf_seq: dict[str, int] = field(default_factory=dict)  # uid -> number of the last patch kopf writes
     _locks: dict[str, threading.Lock] = field(default_factory=dict)
     _guard: threading.Lock = field(default_factory=threading.Lock)
 
@@ -107,19 +113,32 @@ class SweepState:
         """The session's status as it is after this operator's last write (the index may not show it yet)."""
         with self._guard:
             seen = self._confirmed.get(view.uid)
-            if seen is not None and view.resource_version is not None and view.resource_version >= seen:
-                del self._confirmed[view.uid]  # the index has our last write, or something newer
+            written = self.written.get(view.uid, {})
+            if (seen is not None and view.resource_version is not None and view.resource_version >= seen) or (
+                    written and self._seq.get(view.uid) == self._kopf_seq.get(view.uid)
+                    and all(view.status.get(k) == v for k, v in written.items())):
+                # the index has our last write, or something newer (the writer's resourceVersion says so; a
+                # write kopf made for the create handler returns none, so there the index showing it says so)
+                self._confirmed.pop(view.uid, None)
                 self.written.pop(view.uid, None)
                 return dict(view.status)
-            return {**view.status, **self.written.get(view.uid, {})}
+            return {**view.status, **written}
 
-    def remember(self, uid: str, patch: dict[str, Any]) -> int:
-        """Overlay `patch` (about to be queued for writing); returns its number, the status writer's tag."""
+    def unshown(self, view: SessionView) -> dict[str, Any]:
+        """The status fields this process wrote or queued last that the object (`view`) does not show."""
+        with self._guard:
+            return {k: v for k, v in self.written.get(view.uid, {}).items() if view.status.get(k) != v}
+
+    def remember(self, uid: str, patch: dict[str, Any], by_kopf: bool = False) -> int:
+        """Overlay `patch` (about to be queued for writing, or with `by_kopf` written in kopf's patch of the
+        create handler); returns its number, the status writer's tag."""
         with self._guard:
             self.written[uid] = {**self.written.get(uid, {}), **patch}
             if _STATS_FIELDS & patch.keys():
                 self.stats_written_at[uid] = time.monotonic()
             self._seq[uid] = seq = self._seq.get(uid, 0) + 1
+            if by_kopf:
+                self._kopf_seq[uid] = seq
             self._confirmed.pop(uid, None)  # a newer patch waits: the overlay holds until it is written
             return seq
 
@@ -140,7 +159,8 @@ class SweepState:
         """Drop what is remembered about sessions that are gone."""
         keep = set(uids)
         with self._guard:
-            for table in (self.written, self.stats_written_at, self._locks, self._seq, self._confirmed):
+            for table in (self.written, self.stats_written_at, self._locks, self._seq, self._confirmed,
+                          self._kopf_seq):
                 for uid in [u for u in table if u not in keep]:
                     del table[uid]
             self.releasing &= keep
@@ -187,7 +207,9 @@ def sweep_pool(
     waiting: list[tuple[SessionView, dict[str, Any]]] = []
     ended: list[tuple[SessionView, dict[str, Any]]] = []
     for v in views:
-        if v.deleting or v.spec is None:
+        if v.deleting or v.spec is None or not v.handled:
+            # not handled: its create handler has not run, or kopf has not recorded it yet; until then a status
+            # write of ours would make a version without that record, which kopf may take for a new session
             continue
         st = state.status(v)
         phase = st.get("phase")

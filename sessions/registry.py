@@ -285,6 +285,31 @@ class Registry:
         return out
 
     @guarded
+    def assignment_delivered(self, worker_id: str, session_id: str) -> bool:
+        """Whether `session_id`'s assignment reached `worker_id`: it waits in the worker's inbox, or was popped
+        and not yet acknowledged, or the worker reports the session live (Connecting/Streaming: it reports
+        Connecting before it acknowledges). Operator side, to never send one session's assignment twice."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.lrange(self.inbox_key(worker_id), 0, -1)
+        pipe.lrange(self.processing_key(worker_id), 0, -1)
+        pipe.get(self._k("session", session_id, "stats"))
+        inbox, processing, raw_stats = pipe.execute()
+        for raw in (*inbox, *processing):
+            try:
+                msg = INBOX_MESSAGE.validate_json(raw)
+            except ValidationError:
+                continue
+            if isinstance(msg, Assignment) and msg.session_id == session_id:
+                return True
+        if raw_stats is None:
+            return False
+        try:
+            stats = SessionStats.model_validate_json(raw_stats)
+        except ValidationError:
+            return False
+        return stats.worker_id == worker_id and stats.phase in ("Connecting", "Streaming")
+
+    @guarded
     def recover_unacked(self, worker_id: str) -> int:
         """Worker start-up: put messages popped by a previous incarnation but never acknowledged back
         at the head of the inbox, in their order. Returns how many."""

@@ -243,11 +243,13 @@ def _healthy(url: str) -> bool:
 
 
 def start_sim_workers(cluster: LocalCluster, namespace: str, status_file: Path, log_dir: Path,
-                      heartbeat_ttl_s: float, warmup_s: float) -> HostProcess:
+                      heartbeat_ttl_s: float, warmup_s: float, real_workers: bool = False) -> HostProcess:
     assert cluster.state is not None and cluster.state.redis_url
     cmd = [sys.executable, "-m", "vivant.bench.fleet.sim_workers", "--kubeconfig", str(cluster.kubeconfig),
            "--namespace", namespace, "--redis-url", cluster.state.redis_url, "--status-file", str(status_file),
            "--heartbeat-ttl-s", str(heartbeat_ttl_s), "--warmup-s", str(warmup_s)]
+    if real_workers:
+        cmd.append("--real-workers")
     return _spawn("sim-workers", cmd, dict(os.environ), log_dir)
 
 
@@ -262,6 +264,7 @@ class OperatorSet:
     hwm: dict[str, int] = field(default_factory=dict)
     redis: dict[str, dict[str, float]] = field(default_factory=dict)
     handlers: dict[str, dict[str, float]] = field(default_factory=dict)  # replica -> handler_{sum,count}
+    runs: dict[str, dict[str, float]] = field(default_factory=dict)  # replica -> event handler -> runs
 
     def read(self) -> None:
         for p, port in zip(self.procs, self.ports, strict=True):
@@ -278,6 +281,8 @@ class OperatorSet:
                     for k, v in metrics.items()
                     if k.startswith(("vivant_operator_reconcile_duration_seconds_sum",
                                      "vivant_operator_reconcile_duration_seconds_count"))}
+                self.runs[p.name] = {k.split("handler=", 1)[1].rstrip("}"): v for k, v in metrics.items()
+                                     if k.startswith("vivant_operator_handler_runs_total")}
             except (OSError, psutil.Error):
                 pass  # it died between the check and the reading: its last reading stands
 
@@ -308,6 +313,14 @@ class OperatorSet:
         return {n: {"runs": int(total.get(f"{n}_count", 0)),
                     "mean_s": round(total.get(f"{n}_sum", 0) / max(1, total.get(f"{n}_count", 0)), 4)}
                 for n in sorted(names)}
+
+    def handler_runs(self) -> dict[str, int]:
+        """Runs per event handler (session_create, session_resume), all replicas."""
+        out: dict[str, int] = {}
+        for runs in self.runs.values():
+            for k, v in runs.items():
+                out[k] = out.get(k, 0) + int(v)
+        return out
 
     def stop(self) -> None:
         for p in self.procs:

@@ -62,6 +62,8 @@ def build(*, cfg: dict[str, Any], records: list[SessionRecord], fleet: dict[str,
             "sessions_on_two_workers": fleet.get("double_assignments", []),
             "sessions_whose_worker_changed": moved,
             "assignments_dropped_busy_worker": int(counters.get("assignments_while_busy", 0)),
+            # the operator sent a session's assignment again to the worker streaming it (must be 0)
+            "repeated_assignments": int(counters.get("repeated_assignments", 0)),
             "leaked_leases": int(leaks["busy_leases"]) + int(leaks["session_worker_entries"]),
             "leaks": leaks,
             "sessions_failed": len(failed),
@@ -101,6 +103,8 @@ def table(res: dict[str, Any]) -> str:
                       ("operator_log_lines_per_s", "operator log lines/s")):
         vals = [ph[p].get(key) for p in ("burst", "hold", "delete")]
         rows.append(f"{name:44s} " + " ".join(f"{'—' if v is None else f'{v:.3g}':>8s}" for v in vals))
+    rows.append(f"create handler runs per session {res['operator'].get('create_handler_runs_per_session', '—')}; "
+                f"assignments repeated to the worker streaming them {ok.get('repeated_assignments', '—')}")
     rows.append(f"operator peak RSS {res['operator']['peak_rss_mib']} MiB; double assignments "
                 f"{ok['double_assignments']}; leaked leases {ok['leaked_leases']}; sessions failed "
                 f"{ok['sessions_failed']}; assignments dropped by a busy worker {ok['assignments_dropped_busy_worker']}")

@@ -86,6 +86,7 @@ class FleetBenchConfig:
     kill_active_at_s: float | None = None  # SIGKILL the active replica this far into the hold (failover)
     peering_lifetime_s: int = 15  # how long a dead replica's peering record holds the others back
     label: str = "run"
+    real_workers: bool = False  # the real WorkerService per pod, null engine (sim_workers --real-workers)
 
     def __post_init__(self) -> None:
         checks = [
@@ -190,7 +191,7 @@ class Bench:
         api_kc = cp.service_account_kubeconfig(self.cluster, cp.RELEASE_NS, cp.API_SA, self.logs / "api.kubeconfig")
         self.fleet_status = self.logs / "sim-workers.json"
         self.fleet = cp.start_sim_workers(self.cluster, NAMESPACE, self.fleet_status, self.logs, cfg.heartbeat_ttl_s,
-                                          cfg.warmup_s)
+                                          cfg.warmup_s, real_workers=cfg.real_workers)
         self.procs.append(self.fleet)
         # replica i has priority 1000 - i: the first is the active one, the others wait (kopf peering)
         started = [cp.start_operator(self.cluster, self.manifests, op_kc, self.logs, name=f"operator-{i}",
@@ -327,6 +328,21 @@ def log_levels(paths: list[Path]) -> dict[str, int]:
     return out
 
 
+def handler_outcomes(paths: list[Path], handler: str) -> dict[str, int]:
+    """kopf's log lines of one handler's runs by outcome ("Handler 'x' succeeded.", "... failed temporarily: ..."),
+    a count that does not depend on the operator's own metrics (an older operator's run has none)."""
+    out: dict[str, int] = {}
+    mark = f"Handler '{handler}' "
+    for path in paths:
+        with path.open(errors="replace") as f:
+            for line in f:
+                if mark in line:
+                    outcome = line.split(mark, 1)[1].split(":", 1)[0].strip().rstrip(".")
+                    outcome = " ".join("N" if w.replace(".", "").isdigit() else w for w in outcome.split())
+                    out[outcome] = out.get(outcome, 0) + 1
+    return out
+
+
 def peering_changes(path: Path) -> dict[str, Any]:
     """When a replica paused for a peer of higher priority and when it resumed (kopf's peering log lines,
     their timestamps as logged): a standby that resumes while the active replica lives is a peering flap."""
@@ -383,6 +399,7 @@ def run_bench(cfg: FleetBenchConfig, state_dir: Path, keep: bool = False, log=pr
         leaks = bench.leaks()
         bench.operators.read()
         peak_rss = bench.operators.peak_rss_bytes()
+        runs = bench.operators.handler_runs()
         bench.operators.stop()
         bench.gateway.stop()
         bench.fleet.stop(signal.SIGTERM)
@@ -411,8 +428,14 @@ def run_bench(cfg: FleetBenchConfig, state_dir: Path, keep: bool = False, log=pr
                                  "under the chart's operator ServiceAccount token",
                          "replicas": cfg.operators,
                          "handlers": bench.operators.handler_means(),
+                         "event_handler_runs": runs,
+                         # goal 1.0: kopf runs a session's create handler again only after a failure
+                         "create_handler_runs_per_session": round(runs.get("session_create", 0)
+                                                                  / max(1, len(bench.driver.records)), 3),
                          "peak_rss_mib": round(peak_rss / 2**20, 1),
                          "log_lines_by_level": log_levels([p.log_path for p in bench.operators.procs]),
+                         "session_assign_runs_in_log": handler_outcomes([p.log_path for p in bench.operators.procs],
+                                                                        "session_assign"),
                          "peering": {p.name: peering_changes(p.log_path) for p in bench.operators.procs}},
         })
         if bench.killed_at is not None:
@@ -440,6 +463,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peering-lifetime-s", type=int, default=d.peering_lifetime_s,
                    help="kopf peering lifetime of the replicas (how long a dead one holds the others back)")
     p.add_argument("--label", default="run", help="names the result file, e.g. before / after")
+    p.add_argument("--real-workers", action="store_true",
+                   help="run the real WorkerService per worker pod with a null engine (a few hundred workers at "
+                        "most on a small machine) instead of the asyncio simulation")
     p.add_argument("--state-dir", type=Path, default=None, help="cluster state (default: a temporary folder)")
     p.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/fleet_<label>_<n>.json)")
     p.add_argument("--keep", action="store_true", help="leave the cluster running")
@@ -454,7 +480,7 @@ def run(args: argparse.Namespace) -> int:
                                hold_s=args.hold_s, churn=args.churn, api_share=args.api_share,
                                warmup_s=args.warmup_s, operators=args.operators,
                                kill_active_at_s=args.kill_active_at_s, peering_lifetime_s=args.peering_lifetime_s,
-                               label=args.label)
+                               label=args.label, real_workers=args.real_workers)
     except ValueError as exc:
         print(f"vivant bench fleet: {exc}")
         return 2

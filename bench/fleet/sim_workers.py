@@ -13,7 +13,10 @@ through `vivant.sessions.registry.Registry`, in the real worker's order:
   dropped), reported Connecting, and after `connect_s` (joining the room) acked and reported Streaming
   (frames over time, ~24 fps), then reported every `stats_interval_s`; an Assignment that arrives while the worker is
   busy is acked and dropped, as the real chunk loop does (counted: it means the lease was handed out
-  while the worker still streamed); an EndRequest for its session ends it after `end_s` (the chunk
+  while the worker still streamed), or, when the registry gave the worker to that session, ends the
+  current one Failed ("lease lost") and is served next; a repeated Assignment of the session it streams is acked and the
+  session goes on, as in the real chunk loop (counted: the operator must send a session's assignment
+  once); an EndRequest for its session ends it after `end_s` (the chunk
   boundary + leaving the room): final SessionStats (Ended, the reason), then `finish` (lease freed);
 - pod deleted: the session (if any) is reported Failed ("worker shutting down") and `deregister`.
 
@@ -143,6 +146,7 @@ class SimWorker:
         self.session_task: asyncio.Task | None = None
         self.end_requested: asyncio.Event | None = None
         self.end_reason = ""
+        self.end_failed = False  # the session ends Failed (lease lost), not Ended
         self.tasks: list[asyncio.Task] = []
 
     def info(self, warm: bool) -> WorkerInfo:
@@ -200,7 +204,7 @@ class SimWorker:
                                                                          session_id=self.current))
                     if self.current and not kept:
                         f.counters["lease_lost"] += 1
-                        self._request_end("lease lost")
+                        self._request_end("lease lost", failed=True)
             except Exception as exc:  # noqa: BLE001 (keep beating, as the real worker does)
                 log.warning("worker %s: heartbeat failed: %s", self.worker_id, exc)
 
@@ -236,11 +240,24 @@ class SimWorker:
             await f.call("ack", lambda: reg.ack(self.worker_id, msg))
             return
         if self.current == msg.session_id:
-            # the same session again (an operator that took over re-sent it): the real loop drops it, harmless
-            f.counters["duplicate_assignments"] += 1
+            # the session it streams, assigned again: the real chunk loop acknowledges it and streams on
+            # (worker/serving/service.py). Counted: the operator must never send it (a create handler run twice)
+            f.counters["repeated_assignments"] += 1
+            f.double.append({"worker": self.worker_id, "session": msg.session_id, "at": time.time(),
+                             "kind": "assignment-repeated"})
             await f.call("ack", lambda: reg.ack(self.worker_id, msg))
             return
         if self.current is not None:
+            holder = await f.call("session_of", lambda: reg.session_of(self.pool, self.worker_id))
+            if holder == msg.session_id:
+                # the registry gave this worker to another session: as the real chunk loop, the current one
+                # ends Failed (lease lost) and the new one is put back and served next
+                f.counters["lease_lost"] += 1
+                await f.call("recover_unacked", lambda: reg.recover_unacked(self.worker_id))
+                self._request_end(f"lease lost: the worker was assigned session {msg.session_id}", failed=True)
+                if self.session_task is not None:
+                    await asyncio.shield(self.session_task)
+                return
             # the real chunk loop pops it, logs "busy with session X; dropped" and acks it: that session is lost
             f.counters["assignments_while_busy"] += 1
             f.double.append({"worker": self.worker_id, "busy_with": self.current, "assigned": msg.session_id,
@@ -259,11 +276,11 @@ class SimWorker:
                              "kind": "session-on-two-workers"})
         f.active[msg.session_id] = self.worker_id
         self.current, self.chunks, self.state = msg.session_id, 0, "busy"
-        self.end_requested, self.end_reason = asyncio.Event(), ""
+        self.end_requested, self.end_reason, self.end_failed = asyncio.Event(), "", False
         self.session_task = asyncio.ensure_future(self.stream(msg))
 
-    def _request_end(self, reason: str) -> None:
-        self.end_reason = reason
+    def _request_end(self, reason: str, failed: bool = False) -> None:
+        self.end_reason, self.end_failed = reason, failed
         if self.end_requested is not None:
             self.end_requested.set()
 
@@ -299,7 +316,7 @@ class SimWorker:
                 await f.call("report_session", lambda st=st: reg.report_session(sid, st))
                 f.streaming_at.setdefault(sid, time.time())
             await asyncio.sleep(t.end_s)
-            await self._final(sid, "Ended", self.end_reason or "ended", t0)
+            await self._final(sid, "Failed" if self.end_failed else "Ended", self.end_reason or "ended", t0)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -398,16 +415,23 @@ async def _main(args: argparse.Namespace) -> None:
     registry = Registry(args.redis_url, heartbeat_ttl_s=args.heartbeat_ttl_s)
     timing = SimTiming(warmup_s=args.warmup_s, connect_s=args.connect_s, end_s=args.end_s,
                        stats_interval_s=args.stats_interval_s)
-    fleet = Fleet(registry, timing, threads=args.threads)
     loop = asyncio.get_running_loop()
-    fleet.loop = loop
     stop = threading.Event()
     done = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, done.set)
-    threads = [threading.Thread(target=_listen_inboxes, args=(registry, loop, fleet, stop), daemon=True),
-               threading.Thread(target=_watch_pods, args=(args.kubeconfig, args.namespace, loop, fleet, stop),
-                                daemon=True)]
+    fleet: Any
+    if args.real_workers:
+        from vivant.bench.fleet.real_workers import RealFleet
+
+        fleet = RealFleet(args.redis_url, timing, args.heartbeat_ttl_s)
+        threads = []
+    else:
+        fleet = Fleet(registry, timing, threads=args.threads)
+        fleet.loop = loop
+        threads = [threading.Thread(target=_listen_inboxes, args=(registry, loop, fleet, stop), daemon=True)]
+    threads.append(threading.Thread(target=_watch_pods, args=(args.kubeconfig, args.namespace, loop, fleet, stop),
+                                    daemon=True))
     for th in threads:
         th.start()
     status = Path(args.status_file)
@@ -418,6 +442,8 @@ async def _main(args: argparse.Namespace) -> None:
         except TimeoutError:
             pass
     stop.set()
+    if args.real_workers:
+        fleet.stop_all()
     _write(status, fleet.snapshot(final=True))
 
 
@@ -433,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--end-s", type=float, default=SimTiming.end_s)
     p.add_argument("--stats-interval-s", type=float, default=SimTiming.stats_interval_s)
     p.add_argument("--threads", type=int, default=8)
+    p.add_argument("--real-workers", action="store_true",
+                   help="run the real WorkerService per pod, with a null engine (real_workers.py; a few hundred)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     asyncio.run(_main(args))

@@ -2,8 +2,9 @@
 
 The operator side of each exchange is the real `Registry` (claim, send assignment/end, release); the
 simulated worker must register, become idle, take the assignment, report Streaming, ack, end on an end
-request and give its lease back exactly as `vivant worker` does, and count an assignment that reaches
-it while it is still busy (the lease was handed out too early).
+request and give its lease back exactly as `vivant worker` does, treat an assignment that reaches it while
+it is busy as the real chunk loop does, and count what the operator must never send (an assignment to a busy
+worker, the streaming session's assignment again).
 """
 
 from __future__ import annotations
@@ -82,28 +83,55 @@ async def test_worker_takes_streams_and_ends_a_session_over_the_registry(fleet: 
     final = await until(lambda: (s := op.session_stats("fleet/s-01")) and s.phase == "Ended" and s, "Ended reported")
     assert final.end_reason == "Deleted"
     await until(lambda: op.idle_workers(POOL) == ["pool-0-0"], "the lease given back")
-    assert op.worker_of("fleet/s-01") is None and fleet.active == {}
+    await until(lambda: fleet.active == {}, "the session off the worker")  # cleared just after the release
+    assert op.worker_of("fleet/s-01") is None
     assert fleet.counters["double_assignments"] == 0 and fleet.counters["assignments_while_busy"] == 0
 
     fleet.pod_event("MODIFIED", pod("pool-0-0", deleting=True))
     await until(lambda: "pool-0-0" not in op.workers(POOL), "deregistration when the pod goes")
 
 
-async def test_an_assignment_reaching_a_busy_worker_is_dropped_and_counted(fleet: Fleet, redis_url: str) -> None:
+async def test_an_assignment_reaching_a_busy_worker_follows_the_real_workers_rules(fleet: Fleet,
+                                                                                  redis_url: str) -> None:
+    """As worker/serving/service.py's chunk loop: an assignment whose lease is not this worker's is dropped and
+    counted; one whose lease the registry moved to this worker ends the current session Failed ("lease lost")
+    and is served next."""
     op = Registry(redis_url, heartbeat_ttl_s=3.0)
     fleet.pod_event("ADDED", pod("pool-0-0"))
     await until(lambda: op.idle_workers(POOL) == ["pool-0-0"], "the worker to become idle")
     op.claim_idle_worker(POOL, "fleet/s-01")
     op.send_assignment("pool-0-0", assignment("fleet/s-01"))
     await until(lambda: (s := op.session_stats("fleet/s-01")) and s.phase == "Streaming", "Streaming reported")
-    # the lease freed while the worker still streams, then handed to another session: the race the
-    # fleet benchmark counts (the worker drops the second assignment, as worker/service.py does)
+    op.send_assignment("pool-0-0", assignment("fleet/s-03"))  # not leased to this worker
+    await until(lambda: fleet.counters["assignments_while_busy"] == 1, "the drop counted")
+    assert fleet.double[-1]["kind"] == "assigned-while-busy" and fleet.double[-1]["assigned"] == "fleet/s-03"
+    assert op.session_stats("fleet/s-03") is None  # never started
+    # the lease freed while the worker still streams, then handed to another session
     assert op.release(POOL, "pool-0-0", "fleet/s-01")
     assert op.claim_idle_worker(POOL, "fleet/s-02") == "pool-0-0"
     op.send_assignment("pool-0-0", assignment("fleet/s-02"))
-    await until(lambda: fleet.counters["assignments_while_busy"] == 1, "the drop counted")
-    assert fleet.double[-1]["kind"] == "assigned-while-busy" and fleet.double[-1]["assigned"] == "fleet/s-02"
-    assert op.session_stats("fleet/s-02") is None  # never started
+    final = await until(lambda: (s := op.session_stats("fleet/s-01")) and s.phase == "Failed" and s, "s-01 Failed")
+    assert final.end_reason == "lease lost: the worker was assigned session fleet/s-02", final
+    await until(lambda: (s := op.session_stats("fleet/s-02")) and s.phase == "Streaming", "s-02 served next")
+    assert fleet.counters["lease_lost"] == 1 and fleet.counters["assignments_while_busy"] == 1
+
+
+async def test_a_repeated_assignment_of_the_streaming_session_is_acked_and_counted(fleet: Fleet,
+                                                                                  redis_url: str) -> None:
+    """As the real chunk loop: the session streams on; the repeat is counted (the operator must not send it)."""
+    op = Registry(redis_url, heartbeat_ttl_s=3.0)
+    fleet.pod_event("ADDED", pod("pool-0-0"))
+    await until(lambda: op.idle_workers(POOL) == ["pool-0-0"], "the worker to become idle")
+    op.claim_idle_worker(POOL, "fleet/s-01")
+    op.send_assignment("pool-0-0", assignment("fleet/s-01"))
+    await until(lambda: (s := op.session_stats("fleet/s-01")) and s.phase == "Streaming", "Streaming reported")
+    op.send_assignment("pool-0-0", assignment("fleet/s-01"))
+    await until(lambda: fleet.counters["repeated_assignments"] == 1, "the repeat counted")
+    assert op.redis.llen(op.processing_key("pool-0-0")) == 0, "the repeat was not acknowledged"
+    chunks = op.session_stats("fleet/s-01").chunks
+    stats = await until(lambda: (s := op.session_stats("fleet/s-01")) and s.chunks > chunks + 2 and s, "more chunks")
+    assert stats.phase == "Streaming" and fleet.active == {"fleet/s-01": "pool-0-0"}
+    assert fleet.double[-1]["kind"] == "assignment-repeated"
 
 
 def test_bench_config_rejects_bad_values_naming_the_field() -> None:
@@ -117,3 +145,42 @@ def test_bench_config_rejects_bad_values_naming_the_field() -> None:
         SimTiming(warmup_s=-1)
     cfg = FleetBenchConfig(sessions=1000, pools=5, gpus_per_node=8)
     assert (cfg.workers_per_pool, cfg.workers, cfg.nodes) == (220, 1100, 1100)  # one 5-GPU worker per 8-GPU node
+
+
+def test_real_workers_mode_serves_with_the_real_worker_service(redis_url: str) -> None:
+    """`sim_workers --real-workers`: a pod gets the real WorkerService (null engine); the operator side is the real
+    registry. It warms up, streams an assignment at 24 fps, acknowledges the same assignment sent again and
+    counts it, and ends on an end request - what a production worker does, with no model."""
+    from vivant.bench.fleet.real_workers import RealFleet
+    from vivant.sessions.models import SessionPhase
+
+    def wait(check, what: str, timeout: float = 15.0) -> Any:  # noqa: ANN001
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if got := check():
+                return got
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    op = Registry(redis_url, heartbeat_ttl_s=3.0)
+    fleet = RealFleet(redis_url, SimTiming(warmup_s=0.05, connect_s=0.05, stats_interval_s=0.1), 3.0)
+    try:
+        fleet.pod_event("ADDED", pod("pool-0-0"))
+        wait(lambda: op.idle_workers(POOL) == ["pool-0-0"], "the real worker idle")
+        assert fleet.snapshot()["states"] == {"idle": 1}
+        assert op.claim_idle_worker(POOL, "fleet/s-01") == "pool-0-0"
+        op.send_assignment("pool-0-0", assignment("fleet/s-01"))
+        wait(lambda: (s := op.session_stats("fleet/s-01")) and s.phase == "Streaming" and s.fps > 20, "Streaming")
+        op.send_assignment("pool-0-0", assignment("fleet/s-01"))  # the operator's repeat
+        wait(lambda: fleet.snapshot()["counters"].get("repeated_assignments") == 1, "the repeat counted")
+        chunks = op.session_stats("fleet/s-01").chunks
+        wait(lambda: op.session_stats("fleet/s-01").chunks > chunks + 3, "streaming on after the repeat")
+        op.send_end("pool-0-0", "fleet/s-01", "Deleted")
+        final = wait(lambda: (s := op.session_stats("fleet/s-01")) and s.phase == SessionPhase.ENDED and s, "Ended")
+        assert final.end_reason == "Deleted"
+        snap = fleet.snapshot(final=True)
+        assert snap["counters"]["sessions_ended"] == 1 and snap["counters"]["lease_lost"] == 0, snap
+        assert "fleet/s-01" in snap["streaming_at"] and snap["double_assignments"] == []
+    finally:
+        fleet.stop_all()
+        op.close()

@@ -35,6 +35,8 @@ def test_fleet_bench_small_run_with_a_failover_keeps_the_invariants(tmp_path) ->
     assert ok["double_assignments"] == 0, ok["sessions_on_two_workers"] + ok["sessions_whose_worker_changed"]
     assert ok["leaked_leases"] == 0, ok["leaks"]
     assert ok["sessions_failed"] == 0, ok["failed_examples"]
+    assert ok["repeated_assignments"] == 0, ok["sessions_on_two_workers"]  # no session handed out twice
+    assert res["operator"]["create_handler_runs_per_session"] >= 1.0, res["operator"]["event_handler_runs"]
     assert ok["driver_errors"] == 0, ok["driver_error_examples"]
 
     assert hold["operator_cpu_s"] > 0 and res["operator"]["peak_rss_mib"] > 0

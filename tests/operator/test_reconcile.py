@@ -15,6 +15,7 @@ from vivant.apis import resources as r
 from vivant.apis.feature_flags import FlagValues
 from vivant.apis.livekit_token import LiveKitCredentials
 from vivant.operator import reconcile as rc
+from vivant.operator.builders import token_secret_name
 from vivant.sessions.flags import FlagStore
 from vivant.sessions.models import Assignment, EndRequest, SessionStats, WorkerInfo
 from vivant.sessions.registry import Registry
@@ -101,6 +102,42 @@ class TestAssignment:
         assert len(registry.idle_workers(POOL)) == 2
         assert assign(registry, status=first.status).status == {}, "an Assigned session must not be re-assigned"
 
+    def test_a_session_a_worker_streams_is_never_handed_out_again(self, registry):
+        """The create handler ran again on a copy of the object without the worker in its status (its first
+        run's outcome was not recorded): the holder in Redis is recorded, nothing is sent again, and the
+        token Secret is not written again (a rewrite deletes and re-creates it under the streaming worker)."""
+        add_workers(registry, 3)
+        secrets: list[dict] = []
+        first = assign(registry, secrets=secrets)
+        worker = first.status["worker"]
+        msg = registry.next_message(worker, timeout_s=0)  # the worker starts it (Connecting, then acks)
+        registry.report_session("default/ada", SessionStats(session_id="default/ada", worker_id=worker,
+                                                            phase="Streaming", fps=24.0, streamed_s=9.0))
+        registry.ack(worker, msg)
+        again = assign(registry, secrets=secrets)  # the status is still empty, as on the stale copy
+        assert (again.status["phase"], again.status["worker"]) == ("Assigned", worker), again.status
+        assert len(secrets) == 1, "the token Secret was written again for a session that has a worker"
+        assert registry.redis.llen(registry.inbox_key(worker)) == 0, "the assignment was sent again"
+        assert registry.worker_of("default/ada") == worker and len(registry.idle_workers(POOL)) == 2
+
+    def test_a_claim_whose_assignment_was_never_sent_is_sent_once_to_its_holder(self, registry):
+        """The operator stopped between the claim and the send: the next run sends the assignment to the worker
+        that holds the lease, with the token already in the Secret (no new Secret), and only once."""
+        add_workers(registry, 2)
+        worker = registry.claim_idle_worker(POOL, "default/ada")
+        secrets: list[dict] = []
+
+        def run() -> rc.Outcome:
+            return rc.assign_session(ref(), SPEC, {}, registry=registry, credentials=CREDS,
+                                     apply_secret=secrets.append, timeouts=TIMEOUTS, now=T0,
+                                     read_token=lambda name: "tok-1" if name == token_secret_name("ada") else None)
+
+        assert run().status["worker"] == worker
+        assert run().status["worker"] == worker
+        assert secrets == [], "a new token Secret was written"
+        sent = registry.pending(worker)
+        assert [(m.session_id, m.token.get_secret_value()) for m in sent] == [("default/ada", "tok-1")], sent
+
     def test_concurrent_operators_never_double_assign(self, redis_url):
         """Two operator replicas race to assign 24 sessions onto 10 workers."""
         regs = [Registry(redis_url, heartbeat_ttl_s=30), Registry(redis_url, heartbeat_ttl_s=30)]
@@ -157,7 +194,7 @@ class TestProgress:
         out = progress(registry, status, T0 + timedelta(seconds=4))
         assert out.status["phase"] == "Streaming" and out.status["avgFps"] == 24.1
         assert out.status["startedAt"] and out.status["conditions"][0]["status"] == "True"
-        assert out.events and out.events[0][1] == "Streaming"
+        assert out.events == [], "an Event for Streaming (the status says it)"
         status.update(out.status)
         assert progress(registry, status, T0 + timedelta(seconds=5)).status == {}, "no change must write nothing"
 

@@ -6,6 +6,7 @@ against an API server); everything Redis-side is the real registry.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -218,3 +219,47 @@ def test_a_status_another_replica_set_back_is_corrected_by_the_next_sweep(regist
                      rv=23)
     sweep([regressed], T0 + timedelta(seconds=2))
     assert [p["phase"] for _, p in sweep.writes] == ["Streaming"]
+
+
+def test_a_session_whose_create_handler_has_not_run_is_left_to_it(registry):
+    """The create handler assigns a new session and its status goes in kopf's own patch, after kopf's record
+    that the handler ran. A sweep that assigned it first wrote a status without that record; when the watch lagged
+    past kopf's consistency timeout, kopf took that version for a session never handled and ran the handler
+    again. So the sweep assigns, and writes the status of, only sessions that carry the record (SessionView.handled):
+    a new one waits for its handler, an assigned one for kopf's record to show in the index."""
+    workers(registry, 2)
+    sweep = Sweep(registry)
+    new = dataclasses.replace(view(0), handled=False)
+    res = sweep([new, view(1)], T0)
+    assert res.assigned == 1 and registry.worker_of(f"{NS}/s-0") is None and registry.worker_of(f"{NS}/s-1")
+    assert [name for name, _ in sweep.writes] == ["s-1"]
+    assert registry.claim_idle_worker(POOL, f"{NS}/s-2") is not None
+    streaming(registry, 2)
+    assigned = {"phase": "Assigned", "worker": registry.worker_of(f"{NS}/s-2")}
+    sweep.writes.clear()
+    res = sweep([dataclasses.replace(view(2, assigned), handled=False)], T0)
+    assert (res.live, sweep.writes) == (0, []), "a status written before kopf's record shows in the index"
+    res = sweep([view(2, assigned)], T0)
+    assert res.live == 1 and [p["phase"] for _, p in sweep.writes] == ["Streaming"]
+
+
+def test_the_handled_record_is_read_from_kopfs_annotation():
+    body = {"metadata": {"namespace": NS, "name": "s-0", "uid": "uid-0", "annotations": {}},
+            "spec": SPEC.model_dump(by_alias=True), "status": {}}
+    assert not sw.SessionView.from_body(body).handled
+    body["metadata"]["annotations"][sw.HANDLED_ANNOTATION] = "{}"
+    assert sw.SessionView.from_body(body).handled
+
+
+def test_the_overlay_of_a_status_kopf_writes_ends_once_the_index_shows_it():
+    """kopf returns no resourceVersion for the create handler's patch: the overlay holds until the index shows
+    every field of it, then the index is the truth again (a later change by another writer shows)."""
+    state = sw.SweepState()
+    assigned = {"phase": "Assigned", "worker": "w-1", "message": "assigned to worker w-1"}
+    state.remember("uid-0", assigned, by_kopf=True)
+    assert state.status(view(0, rv=5))["worker"] == "w-1", "the overlay before the index shows the write"
+    assert state.unshown(view(0, rv=5)) == assigned
+    assert state.status(view(0, {**assigned}, rv=6)) == assigned
+    later = {**assigned, "phase": "Failed"}
+    assert state.status(view(0, later, rv=7))["phase"] == "Failed", "the overlay hid a newer status"
+    assert state.unshown(view(0, later, rv=7)) == {}

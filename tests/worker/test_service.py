@@ -204,6 +204,26 @@ class TestLeaseLoss:
         wait_for("idle again", lambda: h.registry.idle_workers(POOL) == [WID])
         assert h.registry.worker_of("ns/s1") is None, "the reaped session was resurrected"
 
+    def test_repeated_assignment_of_the_streaming_session_is_acknowledged(self, make):
+        """The operator re-sends the assignment of the session this worker streams (its create handler ran
+        twice): the worker acknowledges it and streams on; it is not a lost lease."""
+        h = make().start()
+        h.assign(assignment())
+        wait_for("Streaming", lambda: (s := h.registry.session_stats("ns/s1")) and s.phase == "Streaming")
+        assert h.registry.claim_idle_worker(POOL, "ns/s1") == WID  # the operator's retry: same lease
+        h.registry.send_assignment(WID, assignment())
+        wait_for("repeat consumed", lambda: h.registry.redis.llen(h.registry.inbox_key(WID)) == 0)
+        chunks = len(h.runner.chunks)
+        wait_for("chunks after the repeat", lambda: len(h.runner.chunks) >= chunks + 10)
+        stats = h.registry.session_stats("ns/s1")
+        assert stats.phase == "Streaming" and stats.end_reason is None, stats
+        assert h.registry.redis.llen(h.registry.processing_key(WID)) == 0, "the repeat was not acknowledged"
+        assert h.runner.sessions == ["ns/s1"] and h.runner.ended == [], (h.runner.sessions, h.runner.ended)
+        assert h.registry.worker_of("ns/s1") == WID
+        h.registry.send_end(WID, "ns/s1", "done")
+        final = wait_for("Ended", lambda: (s := h.registry.session_stats("ns/s1")) and s.phase == "Ended" and s)
+        assert final.end_reason == "done", final
+
 
 class TestFlagsAtChunkBoundary:
     def test_change_made_mid_chunk_applies_from_the_next_chunk(self, make):

@@ -526,6 +526,13 @@ class WorkerService:
         if isinstance(msg, EndRequest) and msg.session_id == a.session_id:
             self._ack(msg)
             return msg.reason
+        if isinstance(msg, Assignment) and msg.session_id == a.session_id:
+            # The operator handed out this same session again (a retried assignment): the lease is this
+            # worker's, and the session goes on. Acknowledged, not taken for a lost lease.
+            self._ack(msg)
+            log.warning("worker %s: repeated assignment of session %s, which it is streaming; acknowledged",
+                        self.worker_id, a.session_id)
+            return ""
         if isinstance(msg, Assignment):
             holder = self._in_loop(lambda: self.registry.session_of(self.pool, self.worker_id), a.session_id)
             if holder == msg.session_id:
