@@ -8,9 +8,14 @@ created once (409 AlreadyExists for the second), and an update carrying a `resou
 so it goes with it) whose `spec.holderIdentity` is the CharacterSession holding the slot:
 
 - a slot is free when its Lease does not exist, or its holder is terminal (Ended/Failed), being
-  deleted, or was never created and the claim is older than `claim_grace_s` (its request failed);
+  deleted, or gone: the Lease records the holder's uid (`ANNOTATION_HOLDER_UID`, written once the
+  session exists) and no session of that name is there any more. A holder without that record was
+  not created yet: its slot stays taken until the claim is older than `claim_grace_s` (then its
+  request failed or was abandoned). A DELETE through the API also deletes its session's Lease;
 - claiming = create the Lease, or replace it with the `resourceVersion` that was read; a 409 means
-  another request won that slot, and the next free one is tried;
+  another request won that slot. The free slots are tried in a random order, each in turn, so parallel
+  claims spread over the pool instead of all racing for its first free slot; the pool counts as full
+  only when a fresh listing shows no free slot (or after `attempts` listings whose slots were all lost);
 - a claim for a session that already holds a slot returns that slot (a retried request).
 
 Sessions created with kubectl (not through the API) hold no slot; they are counted from the session
@@ -20,6 +25,7 @@ list and leave fewer slots to the API, as before.
 from __future__ import annotations
 
 import hashlib
+import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,6 +37,7 @@ LEASE_GROUP, LEASE_VERSION, LEASE_PLURAL = "coordination.k8s.io", "v1", "leases"
 LABEL_POOL = "vivant.dev/slot-pool"
 LABEL_API = "vivant.dev/created-by"
 API_CREATOR = "session-api"
+ANNOTATION_HOLDER_UID = "vivant.dev/holder-uid"  # the holding CharacterSession's uid, once it exists
 
 
 def slot_name(pool: str, index: int) -> str:
@@ -86,6 +93,9 @@ def choose_slots(leases: dict[int, dict[str, Any]], sessions: dict[str, dict[str
             if not is_active(cs):
                 free.append(i)
             continue
+        if ((lease.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_HOLDER_UID):
+            free.append(i)  # its session existed and is gone (deleted)
+            continue
         acquired = _time((lease.get("spec") or {}).get("acquireTime")) or now
         if not holder or (now - acquired).total_seconds() > claim_grace_s:
             free.append(i)  # its request never created the session (it failed or was abandoned)
@@ -102,6 +112,13 @@ def lease_body(pool: str, index: int, session: str, owner: dict[str, Any], now: 
             "spec": {"holderIdentity": session, "acquireTime": _micro(now), "renewTime": _micro(now)}}
 
 
+def holder_created_patch(session: str, uid: str) -> list[dict[str, Any]]:
+    """JSON patch of a slot's Lease once `session` exists: record its uid (so its deletion frees the slot at
+    once), on the condition that the Lease still names it (the API server answers 422 otherwise)."""
+    return [{"op": "test", "path": "/spec/holderIdentity", "value": session},
+            {"op": "add", "path": "/metadata/annotations", "value": {ANNOTATION_HOLDER_UID: uid}}]
+
+
 class SlotConflict(Exception):  # noqa: N818
     """Another request took the slot first (HTTP 409 from the API server)."""
 
@@ -112,10 +129,11 @@ async def claim_slot(
     sessions: dict[str, dict[str, Any]],
     create: Callable[[dict[str, Any]], Awaitable[None]],
     replace: Callable[[str, dict[str, Any]], Awaitable[None]],
-    owner: dict[str, Any], attempts: int = 4,
+    owner: dict[str, Any], attempts: int = 4, shuffle: Callable[[list[int]], None] = random.shuffle,
 ) -> SlotClaim:
     """Take a free slot of `pool` for `session` (or find the one it holds). `create`/`replace` raise
-    SlotConflict on 409. After `attempts` lost races the pool is treated as full."""
+    SlotConflict on 409. Each listing's free slots are tried in the order `shuffle` leaves them; after
+    `attempts` listings whose every free slot was lost to other claims, the pool is treated as full."""
     slots = max(0, capacity - external_active)
     active = external_active
     for _ in range(attempts):
@@ -131,16 +149,18 @@ async def claim_slot(
             return SlotClaim(held, active, capacity)
         if not free:
             return SlotClaim(None, active, capacity)
-        i = free[0]
-        try:
-            if i in leases:
-                rv = (leases[i].get("metadata") or {}).get("resourceVersion")
-                await replace(slot_name(pool, i), lease_body(pool, i, session, owner, now, rv))
-            else:
-                await create(lease_body(pool, i, session, owner, now))
-            return SlotClaim(i, active + 1, capacity)
-        except SlotConflict:
-            continue  # lost the race for slot i (or our own earlier attempt got it): look again
+        shuffle(free)
+        for i in free:
+            try:
+                if i in leases:
+                    rv = (leases[i].get("metadata") or {}).get("resourceVersion")
+                    await replace(slot_name(pool, i), lease_body(pool, i, session, owner, now, rv))
+                else:
+                    await create(lease_body(pool, i, session, owner, now))
+                return SlotClaim(i, active + 1, capacity)
+            except SlotConflict:
+                continue  # another claim won slot i: the next free one
+        # every slot of this listing was lost (or our own earlier attempt got one): look again
     return SlotClaim(None, active, capacity)
 
 
