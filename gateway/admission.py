@@ -10,8 +10,8 @@ request (creates, reads) has a gate:
 - a request beyond the queue, or one that waited too long, is answered `503 overloaded` with
   `Retry-After` at once (`Overloaded`);
 - a request whose client went away while it waited is dropped before it does anything (`Abandoned`);
-- `saturated` (running and waiting requests fill the gate) is what the readiness endpoint reports, so a load balancer sends the
-  next request to another replica instead of into a full queue.
+- `saturated` (running and waiting requests fill the gate) is what the readiness endpoint reports, so a
+  load balancer sends the next request to another replica instead of into a full queue.
 
 Each gate owns a thread pool of `max_in_flight` threads for its blocking Kubernetes calls, so reads
 never wait for threads held by writes. Times are seconds.

@@ -74,6 +74,7 @@ API_CREATOR = capacity.API_CREATOR
 ANNOTATION_AVATAR = "vivant.dev/avatar"
 ANNOTATION_DIGEST = "vivant.dev/request-digest"
 ANNOTATION_TENANT = "vivant.dev/tenant"  # front.tenant_of(the creating API key): only that key reads or deletes it
+GROUP_VERSION = (resources.GROUP, resources.VERSION)  # of the CharacterSession and WorkerPool CRDs
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 TOKEN_MISSING_REASON = "TokenSecretMissing"  # the operator's Ready reason while a session's Secret is missing
 
@@ -164,8 +165,8 @@ class SessionApi(ApiFront):
         if key is None:
             return None
         if not re.fullmatch(models.IDEMPOTENCY_KEY_PATTERN, key):
-            raise ApiFailure(400, "invalid_header", f"{models.IDEMPOTENCY_HEADER}: expected 1 to {models.IDEMPOTENCY_KEY_MAX} "
-                             "printable ASCII characters", models.IDEMPOTENCY_HEADER)
+            raise ApiFailure(400, "invalid_header", f"{models.IDEMPOTENCY_HEADER}: expected 1 to "
+                             f"{models.IDEMPOTENCY_KEY_MAX} printable ASCII characters", models.IDEMPOTENCY_HEADER)
         return key
 
     async def create(self, request: web.Request) -> web.Response:
@@ -189,7 +190,8 @@ class SessionApi(ApiFront):
             cs = self._manifest(name, body, entry, digest, tenant)
             try:
                 created = await self._create_named(self.creates, self._custom.create_namespaced_custom_object,
-                                                   resources.GROUP, resources.VERSION, self.config.namespace, resources.SESSION_PLURAL, cs)
+                                                   *GROUP_VERSION, self.config.namespace, resources.SESSION_PLURAL,
+                                                   cs)
             except _Exists:  # a concurrent retry of the same request made it first
                 existing = await self._read_optional(self.creates, name)
                 if existing is None:
@@ -209,7 +211,8 @@ class SessionApi(ApiFront):
         spec = resources.CharacterSessionSpec(
             character=entry.character, pool=entry.pool,
             livekit=resources.LiveKitTarget(url=body.livekit.url, room=body.livekit.room_name,
-                                    agent_identity=body.livekit.agent_identity, token_secret=f"{name}-livekit-token"),
+                                            agent_identity=body.livekit.agent_identity,
+                                            token_secret=f"{name}-livekit-token"),
             max_duration_seconds=body.max_duration or self.config.default_max_duration_s,
         )
         cr = resources.CharacterSession(metadata=resources.ObjectMeta(
@@ -241,8 +244,8 @@ class SessionApi(ApiFront):
         if (meta.get("annotations") or {}).get(ANNOTATION_TENANT) != tenant:
             raise ApiFailure(409, "conflict", f"session {name} exists and belongs to another API key", "id")
         if (meta.get("annotations") or {}).get(ANNOTATION_DIGEST) != digest:
-            raise ApiFailure(422, "idempotency_key_reused", f"{models.IDEMPOTENCY_HEADER}: this key was used for another "
-                             "request body; use a new key for a new session", models.IDEMPOTENCY_HEADER)
+            raise ApiFailure(422, "idempotency_key_reused", f"{models.IDEMPOTENCY_HEADER}: this key was used for "
+                             "another request body; use a new key for a new session", models.IDEMPOTENCY_HEADER)
         if meta.get("deletionTimestamp"):
             raise ApiFailure(409, "session_deleted", f"session {name} of this request is being deleted", "id")
         await self._store_token(cs, body)
@@ -254,7 +257,7 @@ class SessionApi(ApiFront):
         ns = self.config.namespace
         retry = {"Retry-After": str(self.config.retry_after_s)}
         try:
-            wp = await self._kube(self.creates, self._custom.get_namespaced_custom_object, resources.GROUP, resources.VERSION, ns,
+            wp = await self._kube(self.creates, self._custom.get_namespaced_custom_object, *GROUP_VERSION, ns,
                                   resources.POOL_PLURAL, pool)
         except self._api_exception:
             raise ApiFailure(503, "unknown_pool", f"WorkerPool {ns}/{pool} does not exist", "avatar", retry) from None
@@ -266,10 +269,11 @@ class SessionApi(ApiFront):
             raise ApiFailure(409, "pool_invalid", f"WorkerPool {ns}/{pool} serving this avatar has a spec the operator "
                              f"rejects ({problem}); it takes no sessions until it is fixed", "avatar") from None
         try:
-            listing = await self._kube(self.creates, self._custom.list_namespaced_custom_object, resources.GROUP, resources.VERSION, ns,
+            listing = await self._kube(self.creates, self._custom.list_namespaced_custom_object, *GROUP_VERSION, ns,
                                        resources.SESSION_PLURAL)
         except self._api_exception:
-            raise ApiFailure(503, "crd_missing", f"{resources.SESSION_PLURAL}.{resources.GROUP} is not installed", None, retry) from None
+            raise ApiFailure(503, "crd_missing", f"{resources.SESSION_PLURAL}.{resources.GROUP} is not installed", None,
+                             retry) from None
         sessions = {(cs.get("metadata") or {}).get("name", ""): cs for cs in listing.get("items", [])}
         external = sum(1 for cs in sessions.values()
                        if (cs.get("spec") or {}).get("pool") == pool and capacity.is_active(cs)
@@ -337,7 +341,7 @@ class SessionApi(ApiFront):
         """Delete this API's sessions whose token Secret never arrived (their create failed half way and
         was not retried): the operator reports them Pending with reason TokenSecretMissing."""
         ns, grace = self.config.namespace, self.config.limits.orphan_grace_s
-        listing = await self._kube(self.reads, self._custom.list_namespaced_custom_object, resources.GROUP, resources.VERSION, ns,
+        listing = await self._kube(self.reads, self._custom.list_namespaced_custom_object, *GROUP_VERSION, ns,
                                    resources.SESSION_PLURAL, label_selector=f"{LABEL_API}={API_CREATOR}")
         now = datetime.now(tz=UTC)
         gone = []
@@ -348,8 +352,8 @@ class SessionApi(ApiFront):
             if (ready.get("reason") == TOKEN_MISSING_REASON and capacity.is_active(cs)
                     and (now - created).total_seconds() > grace):
                 with contextlib.suppress(self._api_exception):
-                    await self._kube(self.reads, self._custom.delete_namespaced_custom_object, resources.GROUP, resources.VERSION,
-                                     ns, resources.SESSION_PLURAL, meta.get("name", ""))
+                    await self._kube(self.reads, self._custom.delete_namespaced_custom_object, *GROUP_VERSION, ns,
+                                     resources.SESSION_PLURAL, meta.get("name", ""))
                 gone.append(meta.get("name", ""))
                 log.warning("janitor: deleted session %s/%s, whose token Secret never arrived", ns, gone[-1])
         self.collected += gone
@@ -374,7 +378,7 @@ class SessionApi(ApiFront):
 
     async def _read_optional(self, gate: Gate, name: str) -> dict[str, Any] | None:
         try:
-            return await self._kube(gate, self._custom.get_namespaced_custom_object, resources.GROUP, resources.VERSION,
+            return await self._kube(gate, self._custom.get_namespaced_custom_object, *GROUP_VERSION,
                                     self.config.namespace, resources.SESSION_PLURAL, name)
         except self._api_exception as exc:
             if exc.status == 404:
@@ -411,8 +415,8 @@ class SessionApi(ApiFront):
         async with self.reads.admit(request):
             cs = await self._read(name, tenant)
             try:
-                await self._kube(self.reads, self._custom.delete_namespaced_custom_object, resources.GROUP,
-                                 resources.VERSION, self.config.namespace, resources.SESSION_PLURAL, name)
+                await self._kube(self.reads, self._custom.delete_namespaced_custom_object, *GROUP_VERSION,
+                                 self.config.namespace, resources.SESSION_PLURAL, name)
             except self._api_exception:
                 raise unknown_session(name) from None
             pool = (cs.get("spec") or {}).get("pool", "")

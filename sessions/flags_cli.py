@@ -95,7 +95,8 @@ def _when(ts: float) -> str:
 
 
 def _print_set(fs: FlagSet) -> None:
-    print(f"pool {fs.pool}  version {fs.version}  updated {_when(fs.updated_at)} by {shown(fs.updated_by) if fs.updated_by else '-'}")
+    by = shown(fs.updated_by) if fs.updated_by else "-"
+    print(f"pool {fs.pool}  version {fs.version}  updated {_when(fs.updated_at)} by {by}")
     defaults = FlagValues()
     for name, value in fs.values.model_dump().items():
         mark = "" if value == getattr(defaults, name) else "  (changed from default)"
