@@ -298,10 +298,15 @@ class SessionApi(ApiFront):
                     raise capacity.SlotConflict() from None
                 raise
 
+        async def holder_active(holder: str) -> bool:
+            cs = await self._read_optional(self.creates, holder)
+            return cs is not None and capacity.is_active(cs)
+
         claim = await capacity.claim_slot(
             pool=pool, session=name, capacity=spec.max_workers, external_active=external,
             now=datetime.now(tz=UTC), claim_grace_s=self.config.limits.claim_grace_s, list_leases=list_leases,
-            sessions=sessions, create=create, replace=replace, owner=capacity.owner_of_pool(wp))
+            sessions=sessions, create=create, replace=replace, holder_active=holder_active,
+            owner=capacity.owner_of_pool(wp))
         if claim.index is None:
             raise ApiFailure(503, "no_capacity", f"WorkerPool {ns}/{pool} is at capacity ({claim.active}/"
                              f"{claim.capacity} sessions); retry later", "avatar", retry)
