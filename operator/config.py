@@ -96,7 +96,7 @@ class OperatorConfig:
             metrics_port=int(port) if port else None,
             metrics_address=address,
             peering_priority=integer("VIVANT_OPERATOR_PRIORITY", name_priority(env.get("HOSTNAME", "")), 0, 2**31 - 1),
-            peering_lifetime_s=integer("VIVANT_PEERING_LIFETIME_S", 15, 5, 600),
+            peering_lifetime_s=integer("VIVANT_PEERING_LIFETIME_S", 15, 2, 600),
         )
 
 
