@@ -66,6 +66,10 @@ def _livekit_name(empty: str, too_long: str) -> AfterValidator:
     def check(value: str) -> str:
         if not value:
             raise ValueError(f"LiveKit refuses it: {empty}")
+        lone = next((i for i, ch in enumerate(value) if "\ud800" <= ch <= "\udfff"), None)
+        if lone is not None:  # JSON may escape one; UTF-8 cannot hold it (stored, it would become U+FFFD)
+            raise ValueError(f"expected valid Unicode text: character {lone} is a lone surrogate "
+                             f"(U+{ord(value[lone]):04X}), which UTF-8 cannot encode")
         if len(value.encode("utf-8", "surrogatepass")) > LIVEKIT_NAME_MAX_BYTES:
             raise ValueError(f"LiveKit refuses it: {too_long}: max length {LIVEKIT_NAME_MAX_BYTES} (bytes of UTF-8)")
         return value

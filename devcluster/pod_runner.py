@@ -263,7 +263,9 @@ class PodRunner:
         folder.mkdir(parents=True, exist_ok=True)
         volumes = self._volumes(pod, folder)
         base_env = {"PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-                    "HOME": str(folder), "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1"}
+                    "HOME": str(folder), "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1",
+                    # what a container runtime sets: the operator's replicas take their peering priority from it
+                    "HOSTNAME": spec.get("hostname") or name}
         if spec.get("automountServiceAccountToken", True) is not False:
             base_env["KUBECONFIG"] = str(self._service_account_kubeconfig(pod, folder))
         ports: dict[str, int] = {}

@@ -10,8 +10,8 @@ request (creates, reads) has a gate:
 - a request beyond the queue, or one that waited too long, is answered `503 overloaded` with
   `Retry-After` at once (`Overloaded`);
 - a request whose client went away while it waited is dropped before it does anything (`Abandoned`);
-- `saturated` (the queue is full) is what the readiness endpoint reports, so a load balancer sends the
-  next request to another replica instead of into a full queue.
+- `saturated` (running and waiting requests fill the gate) is what the readiness endpoint reports, so a
+  load balancer sends the next request to another replica instead of into a full queue.
 
 Each gate owns a thread pool of `max_in_flight` threads for its blocking Kubernetes calls, so reads
 never wait for threads held by writes. Times are seconds.
@@ -68,12 +68,16 @@ class Gate:
 
     @property
     def saturated(self) -> bool:
-        return self.waiting >= self.max_queue and self.in_flight >= self.max_in_flight
+        return self.in_flight + self.waiting >= self.max_in_flight + self.max_queue
 
     @contextlib.asynccontextmanager
     async def admit(self, request: web.Request) -> AsyncIterator[None]:
-        """Hold one of the gate's slots for the body of the `async with`; raise Overloaded or Abandoned."""
-        if self.in_flight >= self.max_in_flight and self.waiting >= self.max_queue:
+        """Hold one of the gate's slots for the body of the `async with`; raise Overloaded or Abandoned.
+
+        The request is counted (`waiting`) before the first await, so the requests of a burst that arrive
+        in one turn of the event loop see each other: those beyond `max_in_flight + max_queue` are shed
+        at once, not after the queue timeout."""
+        if self.saturated:
             self.shed += 1
             raise Overloaded(self.name, f"{self.in_flight} requests running and {self.waiting} waiting")
         self.waiting += 1

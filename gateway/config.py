@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +18,8 @@ import yaml
 from vivant.apis import resources as r
 
 log = logging.getLogger(__name__)
+
+KEY_COMMENT = re.compile(r"\s#")  # a comment after a key: whitespace, then '#'
 
 
 class AvatarEntry(pydantic.BaseModel):
@@ -37,6 +40,10 @@ class ApiLimits(pydantic.BaseModel):
     max_in_flight_reads: int = pydantic.Field(default=8, ge=1, le=1024)
     max_queued_reads: int = pydantic.Field(default=64, ge=0, le=100_000)
     queue_timeout_s: float = pydantic.Field(default=10.0, gt=0, le=600)
+    header_timeout_s: float = pydantic.Field(default=10.0, gt=0, le=600, description="a connection's request line "
+                                             "and headers must arrive within this, else it is closed")
+    body_timeout_s: float = pydantic.Field(default=10.0, gt=0, le=600, description="a request body must arrive "
+                                           "within this, else 408")
     kube_timeout_s: float = pydantic.Field(default=10.0, gt=0, le=600, description="one Kubernetes call")
     kube_attempts: int = pydantic.Field(default=3, ge=1, le=10, description="tries of one call on a transient error")
     claim_grace_s: float = pydantic.Field(default=60.0, gt=0, description="a slot claimed by a request that made "
@@ -80,9 +87,20 @@ class ApiKeys:
         return f"ApiKeys(path={self.path!r}, keys=<{len(self.current())} hidden>)"
 
     @staticmethod
-    def parse(text: str) -> tuple[str, ...]:
-        lines = (line.strip() for line in text.splitlines())
-        return tuple(line for line in lines if line and not line.startswith("#"))
+    def parse(text: str, source: str = "API keys") -> tuple[str, ...]:
+        """Keys of a keys file: one per line, a key holds no whitespace; `#` starts a comment at the start of a
+        line or after whitespace (`key  # who uses it`). Raises ValueError naming the line otherwise."""
+        keys = []
+        for number, line in enumerate(text.splitlines(), 1):
+            content = KEY_COMMENT.split(line, maxsplit=1)[0].strip()
+            if content.startswith("#"):
+                continue
+            if len(content.split()) > 1:
+                raise ValueError(f"{source}: line {number}: expected one key (no spaces inside), optionally "
+                                 "followed by whitespace and '# comment'")
+            if content:
+                keys.append(content)
+        return tuple(keys)
 
     def current(self) -> tuple[str, ...]:
         if self.path is not None:
@@ -93,7 +111,12 @@ class ApiKeys:
                 self._from_file, self._mtime = (), None
             else:
                 if mtime != self._mtime:
-                    self._from_file, self._mtime = self.parse(self.path.read_text()), mtime
+                    try:
+                        self._from_file = self.parse(self.path.read_text(), str(self.path))
+                    except (OSError, ValueError) as exc:
+                        log.error("API keys file unusable; no key from it is accepted: %s", exc)
+                        self._from_file = ()
+                    self._mtime = mtime
         return self.static + self._from_file
 
     def accepts(self, presented: str) -> bool:

@@ -14,21 +14,25 @@ bearer keys, the bodies and the errors of `/v1/realtime_sessions`), only the bac
     DELETE -> an EndRequest (reason Deleted) to the worker holding the session; 204. A session that already
               ended answers 204 too (nothing left to stop).
 
-Session ids are `rt-<20 hex>` as in cluster mode; the registry's session id is `local/<id>`. The pool of an
+Session ids are `rt-<20 hex>` as in cluster mode, the second half a mark of the creating key's tenant
+(`owned_id`): another key's GET or DELETE answers 404 as for an unknown id. The registry's session id is
+`local/<id>`. The pool of an
 avatar is the registry's pool name as the worker was started with (`vivant worker --pool`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
-import uuid
+import secrets
 from typing import Any
 
 from aiohttp import web
-from vivant.gateway import models as m
+from vivant.gateway import models
+from vivant.gateway.config import ApiConfig, ApiKeys
+from vivant.gateway.front import ApiFailure, ApiFront, tenant_of, unknown_session
 from vivant.gateway.metrics import ApiMetrics
-from vivant.gateway.server import ApiConfig, ApiFailure, ApiKeys, SessionApi
 from vivant.sessions.models import Assignment, SessionStats
 from vivant.sessions.registry import Registry, RegistryUnavailable
 
@@ -38,17 +42,30 @@ LOCAL_NAMESPACE = "local"
 DELETED_REASON = "Deleted"
 
 
-class LocalSessionApi(SessionApi):
+def owned_id(tenant: str) -> str:
+    """A new session id that carries its tenant's mark: `rt-` + 10 random hex + 10 hex of SHA-256 of the
+    tenant and the random part. Only a key of that tenant can produce the mark again (`owns`), so ownership
+    needs no state of its own and survives a restart of the gateway."""
+    nonce = secrets.token_hex(5)
+    return f"rt-{nonce}{_mark(tenant, nonce)}"
+
+
+def _mark(tenant: str, nonce: str) -> str:
+    return hashlib.sha256(f"{tenant}:{nonce}".encode()).hexdigest()[:10]
+
+
+def owns(tenant: str, name: str) -> bool:
+    """True when session id `name` was made by `owned_id(tenant)`."""
+    tail = name.removeprefix("rt-")
+    return len(tail) == 20 and secrets.compare_digest(_mark(tenant, tail[:10]), tail[10:])
+
+
+class LocalSessionApi(ApiFront):
     """The gateway's handlers over a `Registry` (Redis) instead of the Kubernetes API (module docstring)."""
 
     def __init__(self, config: ApiConfig, keys: ApiKeys, registry: Registry, metrics: ApiMetrics | None = None) -> None:
-        # SessionApi.__init__ builds Kubernetes clients; this backend has none.
-        self._init_front(config, keys, metrics)
+        super().__init__(config, keys, metrics)
         self.registry = registry
-
-    def app(self, *, janitor: bool = False) -> web.Application:
-        """The same routes; no janitor (it collects half-made CharacterSessions, which this mode never makes)."""
-        return super().app(janitor=False)
 
     async def readyz(self, request: web.Request) -> web.Response:
         """200 when every avatar's pool has an idle worker (a session can start now), else 503; both bodies
@@ -70,12 +87,12 @@ class LocalSessionApi(SessionApi):
                              headers={"Retry-After": str(self.config.retry_after_s)}) from None
 
     async def create(self, request: web.Request) -> web.Response:
-        self._authorize(request)
+        tenant = tenant_of(self._authorize(request))
         body = await self._parse(request)
         entry = self.config.avatars.get(body.avatar_key)
         if entry is None:
             raise ApiFailure(404, "unknown_avatar", f"avatar {body.avatar_key!r} is not served here", "avatar")
-        name = f"rt-{uuid.uuid4().hex[:20]}"
+        name = owned_id(tenant)
         sid = self.registry_id(name)
         worker = await self._redis(self.registry.claim_idle_worker, entry.pool, sid)
         if worker is None:
@@ -92,7 +109,7 @@ class LocalSessionApi(SessionApi):
             await asyncio.to_thread(self._release_quietly, entry.pool, worker, sid)
             raise
         log.info("created session %s (avatar %s) on worker %s of pool %s", name, body.avatar_key, worker, entry.pool)
-        return web.json_response(m.CreateSessionResponse(id=name).model_dump(), status=201)
+        return web.json_response(models.CreateSessionResponse(id=name).model_dump(), status=201)
 
     def _release_quietly(self, pool: str, worker: str, sid: str) -> None:
         try:
@@ -100,29 +117,31 @@ class LocalSessionApi(SessionApi):
         except RegistryUnavailable:
             log.error("could not release %s on %s after a failed assignment (Redis unreachable)", sid, worker)
 
-    async def _state(self, name: str) -> tuple[SessionStats | None, str | None]:
+    async def _state(self, tenant: str, name: str) -> tuple[SessionStats | None, str | None]:
+        if not owns(tenant, name):  # another key's session, or none: the same answer
+            raise unknown_session(name)
         sid = self.registry_id(name)
         stats = await self._redis(self.registry.session_stats, sid)
         worker = await self._redis(self.registry.worker_of, sid)
         if stats is None and worker is None:
-            raise ApiFailure(404, "unknown_session", f"no session {name!r}", "id")
+            raise unknown_session(name)
         return stats, worker
 
     async def get(self, request: web.Request) -> web.Response:
-        self._authorize(request)
+        tenant = tenant_of(self._authorize(request))
         name = self._session_name(request)
-        stats, worker = await self._state(name)
+        stats, worker = await self._state(tenant, name)
         phase = str(getattr(stats.phase, "value", stats.phase)) if stats is not None else "Assigned"
-        out = m.SessionStatusResponse(
-            id=name, status=m.STATUS_OF_PHASE.get(phase, "NOT_READY"), phase=phase,
+        out = models.SessionStatusResponse(
+            id=name, status=models.STATUS_OF_PHASE.get(phase, "NOT_READY"), phase=phase,
             worker=(stats.worker_id if stats is not None and stats.worker_id else worker),
             message=stats.end_reason if stats is not None else None)
         return web.json_response(out.model_dump(by_alias=True, exclude_none=True))
 
     async def delete(self, request: web.Request) -> web.Response:
-        self._authorize(request)
+        tenant = tenant_of(self._authorize(request))
         name = self._session_name(request)
-        _, worker = await self._state(name)
+        _, worker = await self._state(tenant, name)
         if worker is not None:
             await self._redis(self.registry.send_end, worker, self.registry_id(name), DELETED_REASON)
             log.info("asked worker %s to end session %s (%s)", worker, name, DELETED_REASON)
@@ -132,5 +151,5 @@ class LocalSessionApi(SessionApi):
 def run_local(config: ApiConfig, keys: ApiKeys, redis_url: str, host: str, port: int) -> int:
     """Serve the local-mode gateway until interrupted."""
     api = LocalSessionApi(config, keys, Registry(redis_url), ApiMetrics())
-    web.run_app(api.app(), host=host, port=port, access_log=None, print=None)
+    api.serve(host, port)
     return 0

@@ -7,6 +7,7 @@ no global config. A bad value raises ValueError naming the variable and what was
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import zlib
 from collections.abc import Mapping
@@ -29,6 +30,9 @@ class OperatorConfig:
     reap_grace_s: float = 30.0
     token_ttl: timedelta = timedelta(minutes=10)
     metrics_port: int | None = None
+    # where the metrics server listens: loopback unless told otherwise (the chart sets the pod's address
+    # Prometheus scrapes); VIVANT_OPERATOR_METRICS_ADDRESS or --metrics-address
+    metrics_address: str = "127.0.0.1"
     # kopf peering (several replicas): the live replica of highest priority works, the others wait; two of
     # equal priority would BOTH pause. So each replica gets its own: VIVANT_OPERATOR_PRIORITY, else one
     # derived from the pod name ($HOSTNAME). A replica that died is replaced after `peering_lifetime_s`.
@@ -69,6 +73,12 @@ class OperatorConfig:
                 raise ValueError(f"{name}: expected {low}..{high}, got {value}")
             return value
 
+        address = env.get("VIVANT_OPERATOR_METRICS_ADDRESS") or "127.0.0.1"
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            raise ValueError(f"VIVANT_OPERATOR_METRICS_ADDRESS: expected an IP address to listen on (127.0.0.1, "
+                             f"0.0.0.0, ::), got {address!r}") from None
         port = env.get("VIVANT_OPERATOR_METRICS_PORT")
         if port not in (None, "") and not port.isdigit():
             raise ValueError(f"VIVANT_OPERATOR_METRICS_PORT: expected a port number, got {port!r}")
@@ -84,8 +94,9 @@ class OperatorConfig:
             reap_grace_s=seconds("VIVANT_REAP_GRACE_S", 30.0),
             token_ttl=timedelta(seconds=seconds("VIVANT_TOKEN_TTL_S", 600.0)),
             metrics_port=int(port) if port else None,
+            metrics_address=address,
             peering_priority=integer("VIVANT_OPERATOR_PRIORITY", name_priority(env.get("HOSTNAME", "")), 0, 2**31 - 1),
-            peering_lifetime_s=integer("VIVANT_PEERING_LIFETIME_S", 15, 5, 600),
+            peering_lifetime_s=integer("VIVANT_PEERING_LIFETIME_S", 15, 2, 600),
         )
 
 

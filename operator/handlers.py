@@ -88,7 +88,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.sweep = session_sweep.SweepState()
     memo.writer = StatusWriter(kube.patch_session_status, threads=STATUS_WRITERS, on_written=memo.sweep.confirm)
     if config.metrics_port:
-        serve(config.metrics_port, registry=memo.metrics.registry)
+        serve(config.metrics_port, config.metrics_address, registry=memo.metrics.registry)
 
 
 @kopf.on.cleanup()

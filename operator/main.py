@@ -7,6 +7,11 @@ exactly those namespaces without scanning the cluster (`settings.scanning.disabl
 operator may not list namespaces, and kopf would otherwise retry that for about 30 s before it
 starts handling anything.
 
+Replicas: `--peering-name NAME` makes kopf peering mandatory in that peering object (what the chart's
+two replicas run with: without the peering CRD a replica waits instead of running beside another);
+`--standalone` runs one replica without peering. The metrics server (`--metrics-port`) listens on
+`--metrics-address`, loopback unless told otherwise.
+
 Logging: kopf logs every run of every handler ("Timer 'session_tick' succeeded.") at INFO; the session
 and pool timers run every 1-2 s per object, so those lines are DEBUG here (`RoutineTimerLogs`), and
 the handlers log at INFO only when something changed.
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import ipaddress
 import logging
 import os
 
@@ -28,9 +34,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis-url", help="Redis of the session registry (default: $VIVANT_REDIS_URL)")
     parser.add_argument("--namespace", "-n", action="append", default=[], help="watch only these namespaces")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    parser.add_argument("--metrics-address", type=metrics_address,
+                        help="listen address of the metrics server (default: $VIVANT_OPERATOR_METRICS_ADDRESS, "
+                             "else 127.0.0.1; 0.0.0.0 where Prometheus scrapes the pod)")
     parser.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="kopf liveness endpoint URL")
-    parser.add_argument("--standalone", action="store_true", help="no peering (single operator replica)")
+    peering = parser.add_mutually_exclusive_group()
+    peering.add_argument("--standalone", action="store_true", help="no peering (single operator replica)")
+    peering.add_argument("--peering-name", help="kopf peering object the replicas meet in (ClusterKopfPeering when "
+                         "cluster-wide, else a KopfPeering in each namespace); peering is then mandatory: "
+                         "without its CRD the operator waits instead of running beside other replicas")
     parser.add_argument("--verbose", "-v", action="store_true")
+
+
+def metrics_address(text: str) -> str:
+    """An argparse type: an IP address to listen on."""
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an IP address (127.0.0.1, 0.0.0.0, ::), got {text!r}") from None
+    return text
 
 
 class RoutineTimerLogs(logging.Filter):
@@ -64,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.metrics_port:
         config = dataclasses.replace(config, metrics_port=args.metrics_port)
+    if args.metrics_address:
+        config = dataclasses.replace(config, metrics_address=args.metrics_address)
     from vivant.operator import handlers  # noqa: F401  (registers the handlers with kopf)
 
     kopf.configure(verbose=args.verbose)
@@ -74,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
             namespaces=args.namespace,  # [] when cluster-wide: kopf iterates it (None crashed at start)
             settings=operator_settings(args.namespace),
             standalone=args.standalone,
+            peering_name=args.peering_name,
             liveness_endpoint=args.liveness or None,
             memo=kopf.Memo(config=config),
         )

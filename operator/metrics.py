@@ -211,7 +211,7 @@ def default_metrics() -> OperatorMetrics:
     return OperatorMetrics()
 
 
-def serve(metrics_port: int, addr: str = "0.0.0.0", registry: CollectorRegistry = REGISTRY):
+def serve(metrics_port: int, addr: str = "127.0.0.1", registry: CollectorRegistry = REGISTRY):
     """Expose `registry` at http://addr:metrics_port/metrics; returns (server, thread)."""
     return start_http_server(metrics_port, addr=addr, registry=registry)
 

@@ -11,7 +11,9 @@ operator on reconcile, so a lasting change belongs in the spec too.
 `set` prints the pool's flags as its own write left them (read atomically with the write) and says
 "no change" when its values were already in force; `--json` prints one JSON document and nothing else.
 Exit codes: 0 ok, 1 Redis unavailable, 2 bad input (bad pool id, unknown flag, bad value, malformed
-name=value): nothing is written then.
+name=value, an `--actor` or `--reason` holding a newline or another control character): nothing is
+written then. The text output is one line per fact; a stored actor or reason that is not plain printable
+text (written by another client) is shown escaped, as a JSON string, so it can never forge a line.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 import os
 import socket
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from vivant.apis.feature_flags import KNOWN_FLAGS, FlagError, FlagValues
@@ -34,6 +37,26 @@ def default_actor() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
+ACTOR_MAX_CHARS = 128
+REASON_MAX_CHARS = 512
+
+
+def _printable(option: str, max_chars: int, allow_empty: bool) -> Callable[[str], str]:
+    """An argparse type: text of at most `max_chars` printable characters (no newline, tab or other control)."""
+    def check(value: str) -> str:
+        if (not value and not allow_empty) or len(value) > max_chars or not value.isprintable():
+            least = 0 if allow_empty else 1
+            raise argparse.ArgumentTypeError(f"{option}: expected {least} to {max_chars} printable characters "
+                                             "(no newline, tab or other control character)")
+        return value
+    return check
+
+
+def shown(text: str) -> str:
+    """`text` as it is when it is plain printable text, else escaped as a JSON string (one line, quoted)."""
+    return text if text.isprintable() else json.dumps(text)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     common = argparse.ArgumentParser(add_help=False)
@@ -45,8 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     st = sub.add_parser("set", parents=[common], help="change flags: name=value ...",
                         description=f"known flags: {', '.join(f'{n} ({t.__name__})' for n, t in KNOWN_FLAGS.items())}")
     st.add_argument("assignments", nargs="+", metavar="name=value")
-    st.add_argument("--actor", default=default_actor(), help="who makes the change (default: $USER@hostname)")
-    st.add_argument("--reason", default="", help="why (kept in the history)")
+    st.add_argument("--actor", default=default_actor(), type=_printable("--actor", ACTOR_MAX_CHARS, False),
+                    help=f"who makes the change (default: $USER@hostname; printable, <= {ACTOR_MAX_CHARS} characters)")
+    st.add_argument("--reason", default="", type=_printable("--reason", REASON_MAX_CHARS, True),
+                    help=f"why (kept in the history; printable, <= {REASON_MAX_CHARS} characters)")
     hist = sub.add_parser("history", parents=[common], help="recent changes, newest first")
     hist.add_argument("-n", type=int, default=20, help="how many entries (default 20)")
     hist.add_argument("--json", action="store_true")
@@ -70,7 +95,8 @@ def _when(ts: float) -> str:
 
 
 def _print_set(fs: FlagSet) -> None:
-    print(f"pool {fs.pool}  version {fs.version}  updated {_when(fs.updated_at)} by {fs.updated_by or '-'}")
+    by = shown(fs.updated_by) if fs.updated_by else "-"
+    print(f"pool {fs.pool}  version {fs.version}  updated {_when(fs.updated_at)} by {by}")
     defaults = FlagValues()
     for name, value in fs.values.model_dump().items():
         mark = "" if value == getattr(defaults, name) else "  (changed from default)"
@@ -103,8 +129,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"pool {args.pool}: no flag changes recorded")
             for e in entries:
                 changes = ", ".join(f"{k}: {json.dumps(o)} -> {json.dumps(n)}" for k, (o, n) in e.changes.items())
-                why = f"  ({e.reason})" if e.reason else ""
-                print(f"v{e.version}  {_when(e.at)}  {e.actor}  {changes}{why}")
+                why = f"  ({shown(e.reason)})" if e.reason else ""
+                print(f"v{e.version}  {_when(e.at)}  {shown(e.actor)}  {changes}{why}")
     except (FlagError, ValueError) as exc:
         print(f"vivant flags {args.action}: {exc}", file=sys.stderr)
         return 2

@@ -122,6 +122,18 @@ async def test_only_what_livekit_refuses_is_refused_with_its_reason(client: Any,
     assert reason in got["error"]["message"], got
 
 
+@pytest.mark.parametrize("field", ["roomName", "agentIdentity"])
+@pytest.mark.parametrize("escaped", ["\\ud800", "room-\\udfff-1", "\\udc80\\ud800"])
+async def test_a_lone_surrogate_is_refused_naming_the_field(client: Any, field: str, escaped: str) -> None:
+    """Item 9 of issue 36: JSON may escape a lone surrogate (\\ud800), which UTF-8 cannot hold; the room name
+    was stored with U+FFFD in its place, without a word. It is a 422 naming the field now."""
+    text = json.dumps(body(**{field: "PLACEHOLDER"})).replace("PLACEHOLDER", escaped)
+    resp = await client.post(m.ROUTE_COLLECTION, data=text.encode(), headers={**AUTH, "Content-Type": "application/json"})
+    got = await resp.json()
+    assert resp.status == 422 and got["error"]["field"] == f"livekit.{field}", (resp.status, got)
+    assert "lone surrogate" in got["error"]["message"], got
+
+
 async def test_openapi_document_is_served_without_a_key(client: Any) -> None:
     resp = await client.get(m.ROUTE_OPENAPI)
     doc = await resp.json()

@@ -105,3 +105,23 @@ async def test_redis_down_is_503_with_retry_after() -> None:
         err = (await resp.json())["error"]
     assert (resp.status, resp.headers.get("Retry-After"), err["code"]) == (503, "5", "registry_unavailable")
     reg.close()
+
+
+async def test_another_key_cannot_read_or_end_a_session(redis_url: str) -> None:
+    """Item 8 of issue 36 in local mode: a session id carries its key's mark; another valid key's GET and
+    DELETE answer 404 unknown_session, as for an id that does not exist, and the worker gets no end request."""
+    other = "vk_local_other_tenant_0123"
+    config = ApiConfig(namespace="local", avatars={"ada": AvatarEntry(character="ada", pool=POOL)})
+    reg = Registry(redis_url)
+    api = LocalSessionApi(config, ApiKeys(static=(KEY, other)), reg)
+    reg.register(WorkerInfo(worker_id="w0", pool=POOL, warm=True))
+    async with TestClient(TestServer(api.app())) as c:
+        sid = (await (await c.post("/v1/realtime_sessions", json=body(), headers=AUTH)).json())["id"]
+        assert isinstance(reg.next_message("w0", 1), Assignment)
+        for method in ("GET", "DELETE"):
+            resp = await c.request(method, f"/v1/realtime_sessions/{sid}", headers={"Authorization": f"Bearer {other}"})
+            err = (await resp.json())["error"]
+            assert (resp.status, err["code"], err["field"]) == (404, "unknown_session", "id"), (method, err)
+        assert reg.pending("w0") == [], "another key's DELETE reached the worker"
+        assert (await c.get(f"/v1/realtime_sessions/{sid}", headers=AUTH)).status == 200
+    reg.close()

@@ -68,6 +68,33 @@ def test_keys_file_is_reread_when_the_secret_changes(tmp_path: Any) -> None:
     assert "key-two" not in repr(keys), "keys must not appear in repr"
 
 
+def test_keys_file_comments_after_a_key_are_comments(tmp_path: Any) -> None:
+    """Item 9 of issue 36: the line `key # comment` made the whole line the key."""
+    path = tmp_path / "keys"
+    path.write_text("# team keys\nkey-one  # agents of team a\nkey-two\t# team b\nkey#3\n   \n")
+    keys = session_api.ApiKeys(path=path)
+    assert keys.current() == ("key-one", "key-two", "key#3")
+    assert not keys.accepts("key-one  # agents of team a")
+
+
+def test_a_keys_line_with_two_words_is_refused_naming_the_line(tmp_path: Any, monkeypatch: Any, capsys: Any) -> None:
+    import argparse
+
+    with pytest.raises(ValueError, match="line 2: expected one key"):
+        session_api.ApiKeys.parse("key-one\nkey two\n")
+    path = tmp_path / "keys"
+    path.write_text("key-one\nkey two\n")
+    assert session_api.ApiKeys(path=path).current() == (), "a malformed keys file must grant nothing"
+    monkeypatch.delenv("VIVANT_API_KEYS", raising=False)
+    avatars = tmp_path / "avatars.yaml"
+    avatars.write_text("avatars:\n  ada: {character: ada-v1, pool: h200}\n")
+    parser = argparse.ArgumentParser()
+    session_api.add_arguments(parser)
+    assert session_api.run(parser.parse_args(["--avatars", str(avatars), "--keys-file", str(path)])) == 2
+    out = capsys.readouterr().out
+    assert "--keys-file" in out and "line 2" in out, out
+
+
 # ------------------------------------------------------------------------------------------ outage
 
 

@@ -31,7 +31,7 @@ CHART = ROOT / "charts" / "vivant"
 CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
 HELM = Path(sys.executable).parent / "helm"
 K8S_VERSION = "1.31"
-CUSTOM_GROUPS = ("vivant.dev/", "monitoring.coreos.com/")
+CUSTOM_GROUPS = ("vivant.dev/", "monitoring.coreos.com/", "kopf.dev/")
 DEFAULT_RUNBOOK_BASE = "https://github.com/vivant-dev/vivant/blob/main/docs/runbooks"
 
 pytestmark = pytest.mark.skipif(not HELM.exists(), reason=f"{HELM} missing: run `make install` (tools/install_helm.py)")
@@ -167,7 +167,7 @@ def test_custom_resources_match_their_schemas(name: str):
     schemas = crd_schemas()
     for o in objects(name):
         kind = o["kind"]
-        if o["apiVersion"].startswith("vivant.dev/"):
+        if o["apiVersion"].startswith(("vivant.dev/", "kopf.dev/")):
             assert kind in schemas, f"{kind}: no CRD for it under crds/"
             jsonschema.validate(o, schemas[kind])
         elif o["apiVersion"] == "monitoring.coreos.com/v1":
@@ -347,14 +347,19 @@ OPERATOR_NAMESPACED = {
 CRD_READ = {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
 
 
+PEERING = {("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch"}}
+
+
 def test_operator_cluster_role_is_exactly_what_it_uses():
     role = one(objects("default"), "ClusterRole", "rel-vivant-operator")
-    assert rules_of(role) == {**CRD_READ, **OPERATOR_NAMESPACED}
+    assert rules_of(role) == {**CRD_READ, **OPERATOR_NAMESPACED, **PEERING}
 
 
 def test_operator_with_peering_may_use_kopf_peerings_only_then():
     with_peering = rules_of(one(objects("production-values"), "ClusterRole", "rel-vivant-operator"))
-    assert with_peering == {**CRD_READ, **OPERATOR_NAMESPACED, ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch"}}
+    assert with_peering == {**CRD_READ, **OPERATOR_NAMESPACED, **PEERING}
+    standalone = render(None, "operator.replicas=1", "operator.peering.enabled=false")
+    assert rules_of(one(standalone, "ClusterRole", "rel-vivant-operator")) == {**CRD_READ, **OPERATOR_NAMESPACED}
 
 
 def test_namespaced_operator_gets_roles_in_its_namespaces_only():
@@ -362,8 +367,8 @@ def test_namespaced_operator_gets_roles_in_its_namespaces_only():
     assert rules_of(one(objs, "ClusterRole", "rel-vivant-operator")) == CRD_READ
     roles = find(objs, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["studio-a", "studio-b"]
-    for role in roles:
-        assert rules_of(role) == OPERATOR_NAMESPACED
+    for role in roles:  # peering is on by default: a KopfPeering in each namespace
+        assert rules_of(role) == {**OPERATOR_NAMESPACED, ("kopf.dev", "kopfpeerings"): {"get", "list", "watch", "patch"}}
     bindings = find(objs, "RoleBinding")
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["studio-a", "studio-b"]
     for b in bindings:
@@ -382,7 +387,7 @@ def test_api_has_a_role_in_its_namespace_only():
         ("vivant.dev", "charactersessions"): {"get", "list", "create", "delete"},
         ("vivant.dev", "workerpools"): {"get"},
         ("", "secrets"): {"create", "patch", "delete"},
-        ("coordination.k8s.io", "leases"): {"get", "list", "create", "update"},  # capacity slots
+        ("coordination.k8s.io", "leases"): {"get", "list", "create", "update", "patch", "delete"},  # capacity slots
     }
     binding = one(objs, "RoleBinding", "rel-vivant-api")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rel-vivant-api", "namespace": "vivant-system"}]
@@ -407,6 +412,22 @@ def test_api_runs_the_cli_with_its_avatars_and_mounted_keys(tmp_path: Path):
     path.write_text(catalogue)
     config = ApiConfig.from_file(path, "vivant-system")
     assert config.avatars["ada"].pool == "trial" and config.default_max_duration_s == 1800
+
+
+def test_api_limits_reach_the_api_and_its_replicas_have_a_pdb(tmp_path: Path):
+    from vivant.gateway.config import ApiConfig
+
+    objs = render(None, "api.limits.headerTimeoutS=3", "api.limits.maxQueuedCreates=64")
+    catalogue = one(objs, "ConfigMap", "rel-vivant-api-avatars")["data"]["avatars.yaml"]
+    path = tmp_path / "avatars.yaml"
+    path.write_text(catalogue)
+    limits = ApiConfig.from_file(path, "vivant-system").limits
+    assert (limits.header_timeout_s, limits.max_queued_creates, limits.body_timeout_s) == (3, 64, 10)
+    pdb = one(objects("default"), "PodDisruptionBudget", "rel-vivant-api")
+    api = one(objects("default"), "Deployment", "rel-vivant-api")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == api["spec"]["selector"]["matchLabels"]
+    assert not find(render(None, "api.replicas=1"), "PodDisruptionBudget", "rel-vivant-api")
 
 
 @pytest.mark.parametrize("name", VALUE_SETS)
@@ -450,6 +471,61 @@ def test_images_are_pinned(name: str):
     for image in images:
         repo, _, tag = image.rpartition(":")
         assert repo and "/" not in tag and tag and tag != "latest", f"image {image!r} is not pinned to a tag"
+
+
+# ------------------------------------------------------------------------------ availability
+
+
+def _operator(objs) -> tuple[dict, list[str], dict[str, str]]:
+    op = one(objs, "Deployment", "rel-vivant-operator")
+    container = op["spec"]["template"]["spec"]["containers"][0]
+    return op, container["args"], {e["name"]: e.get("value") for e in container["env"]}
+
+
+def test_default_operator_is_highly_available():
+    """Item 7 of issue 36: the chart ran one operator replica (`--standalone`). The default now: two replicas
+    with mandatory kopf peering in an object the chart creates (its CRDs in crds/), a short peering
+    lifetime (the failover time after a SIGKILL), a PodDisruptionBudget over the operator's pods, and a
+    rolling update (never zero replicas)."""
+    objs = objects("default")
+    op, args, env = _operator(objs)
+    assert op["spec"]["replicas"] == 2 and op["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert "--standalone" not in args and "--peering-name=rel-vivant" in args, args
+    assert env["VIVANT_PEERING_LIFETIME_S"] == "5", env
+    one(objs, "ClusterKopfPeering", "rel-vivant")
+    crds = {c["metadata"]["name"] for c in find(objs, "CustomResourceDefinition")}
+    assert {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"} <= crds, crds
+    pdb = one(objs, "PodDisruptionBudget", "rel-vivant-operator")
+    assert pdb["spec"]["minAvailable"] == 1
+    pod_labels = op["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items(), "the PDB must select the operator"
+    assert op["spec"]["selector"]["matchLabels"] == pdb["spec"]["selector"]["matchLabels"]
+
+
+def test_namespaced_operator_meets_its_peers_in_each_namespace():
+    objs = objects("namespaced-values")
+    peerings = find(objs, "KopfPeering", "rel-vivant")
+    assert sorted(p["metadata"]["namespace"] for p in peerings) == ["studio-a", "studio-b"]
+    assert not find(objs, "ClusterKopfPeering")
+    for role in find(objs, "Role"):
+        assert rules_of(role)[("kopf.dev", "kopfpeerings")] == {"get", "list", "watch", "patch"}
+
+
+def test_a_single_standalone_operator_has_no_peering_and_no_pdb():
+    objs = render(None, "operator.replicas=1", "operator.peering.enabled=false")
+    op, args, env = _operator(objs)
+    assert op["spec"]["replicas"] == 1 and op["spec"]["strategy"]["type"] == "Recreate"
+    assert "--standalone" in args and not any(a.startswith("--peering-name") for a in args)
+    assert "VIVANT_PEERING_LIFETIME_S" not in env
+    assert not find(objs, "PodDisruptionBudget", "rel-vivant-operator") and not find(objs, "ClusterKopfPeering")
+
+
+def test_operator_metrics_address_is_set_for_scraping_and_configurable():
+    """The operator alone listens on loopback (OperatorConfig.metrics_address); the chart sets 0.0.0.0
+    because Prometheus scrapes the pod's IP, and 127.0.0.1 is one value away."""
+    assert _operator(objects("default"))[2]["VIVANT_OPERATOR_METRICS_ADDRESS"] == "0.0.0.0"
+    local = render(None, "operator.metricsAddress=127.0.0.1")
+    assert _operator(local)[2]["VIVANT_OPERATOR_METRICS_ADDRESS"] == "127.0.0.1"
 
 
 def test_operator_node_selector_comes_from_values():
@@ -517,7 +593,10 @@ def test_trial_pool_is_a_valid_operator_spec():
         (["redis.url=http://r:6379"], "redis.url"),
         (["redis.existingSecret="], "redis.existingSecret"),
         (["livekit.apiKey=k"], "apiSecret"),
-        (["operator.replicas=2"], "operator.peering.enabled"),
+        (["operator.peering.enabled=false"], "operator.peering.enabled"),
+        (["operator.metricsAddress=localhost"], "operator.metricsAddress"),
+        (["operator.peering.lifetimeSeconds=1"], "operator.peering.lifetimeSeconds"),
+        (["operator.podDisruptionBudget.minAvailable=0"], "operator.podDisruptionBudget.minAvailable"),
         (["operator.unknownKnob=1"], "unknownKnob"),
     ],
 )

@@ -29,7 +29,8 @@ CS = "charactersessions.vivant.dev"
 
 class ApiServer:
     def __init__(self, kubeconfig: str, namespace: str, avatars: dict[str, dict[str, str]], *,
-                 upstream: str | None = None, limits: dict[str, Any] | None = None) -> None:
+                 upstream: str | None = None, limits: dict[str, Any] | None = None,
+                 keys: tuple[str, ...] = (KEY,)) -> None:
         cfg = kubernetes.client.Configuration()
         if upstream is None:
             kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
@@ -41,7 +42,7 @@ class ApiServer:
             namespace=namespace, retry_after_s=1,
             avatars={k: session_api.AvatarEntry(**v) for k, v in avatars.items()},
             limits=session_api.ApiLimits.model_validate(limits or {}))
-        self.api = session_api.SessionApi(config, session_api.ApiKeys(static=(KEY,)), client)
+        self.api = session_api.SessionApi(config, session_api.ApiKeys(static=keys), client)
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -58,7 +59,7 @@ class ApiServer:
         asyncio.set_event_loop(self._loop)
 
         async def start() -> None:
-            self._runner = web.AppRunner(self.api.app(), access_log=None)
+            self._runner = self.api.runner()
             await self._runner.setup()
             site = web.TCPSite(self._runner, "127.0.0.1", 0)
             await site.start()
@@ -148,8 +149,9 @@ def serve_fixture(kube: Any, pools: str) -> Iterator[Callable[..., ApiServer]]:
     made: list[Any] = []
 
     def make(*, proxy: FaultProxy | None = None, avatars: dict[str, dict[str, str]] = AVATARS,
-             **limits: Any) -> ApiServer:
-        api = ApiServer(str(kube.kubeconfig), pools, avatars, upstream=proxy.url if proxy else None, limits=limits)
+             keys: tuple[str, ...] = (KEY,), **limits: Any) -> ApiServer:
+        api = ApiServer(str(kube.kubeconfig), pools, avatars, upstream=proxy.url if proxy else None, limits=limits,
+                        keys=keys)
         made.append(api)
         return api
 

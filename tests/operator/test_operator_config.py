@@ -25,6 +25,7 @@ def test_defaults_and_overrides():
     ({**GOOD, "VIVANT_OPERATOR_METRICS_PORT": "http"}, "VIVANT_OPERATOR_METRICS_PORT"),
     ({**GOOD, "VIVANT_OPERATOR_PRIORITY": "high"}, "VIVANT_OPERATOR_PRIORITY"),
     ({**GOOD, "VIVANT_PEERING_LIFETIME_S": "1"}, "VIVANT_PEERING_LIFETIME_S"),
+    ({**GOOD, "VIVANT_OPERATOR_METRICS_ADDRESS": "localhost"}, "VIVANT_OPERATOR_METRICS_ADDRESS"),
 ])
 def test_bad_environment_names_the_variable(env, name):
     with pytest.raises(ValueError, match=name):
@@ -45,3 +46,29 @@ def test_cli_refuses_to_start_without_redis(monkeypatch, capsys):
         monkeypatch.delenv(key, raising=False)
     assert vivant_main(["operator", "--standalone"]) == 2
     assert "VIVANT_REDIS_URL" in capsys.readouterr().out
+
+
+def test_metrics_listen_on_loopback_unless_told_otherwise():
+    """Item 7 of issue 36: the metrics server listened on 0.0.0.0 with no option. It listens where the
+    configuration says, loopback by default (a real HTTP server, asked where it is bound)."""
+    from prometheus_client import CollectorRegistry
+    from vivant.operator.metrics import serve
+    from vivant.ports import free_port
+
+    assert OperatorConfig.from_env(GOOD).metrics_address == "127.0.0.1"
+    assert OperatorConfig.from_env({**GOOD, "VIVANT_OPERATOR_METRICS_ADDRESS": "0.0.0.0"}).metrics_address == "0.0.0.0"
+    server, thread = serve(free_port(), registry=CollectorRegistry())
+    try:
+        assert server.server_address[0] == "127.0.0.1", server.server_address
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_cli_refuses_a_metrics_address_that_is_not_an_ip(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        vivant_main(["operator", "--metrics-address", "all-interfaces"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--metrics-address" in err and "expected an IP address" in err, err

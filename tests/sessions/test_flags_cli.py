@@ -77,3 +77,31 @@ def test_real_subprocess_rollback_is_one_command(redis_url: str):
                            "fusedGemmAllReduce=false"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert FlagStore(redis_url).get(POOL).values.fusedGemmAllReduce is False
+
+
+@pytest.mark.parametrize(("option", "value"), [("--actor", "mallory\n  fusedGemmAllReduce = false (spec)"),
+                                               ("--actor", "tab\there"), ("--actor", ""), ("--actor", "a" * 129),
+                                               ("--reason", "ok\nv9  forged line")])
+def test_actor_and_reason_that_could_forge_output_are_refused(redis_url: str, capsys: pytest.CaptureFixture,
+                                                              option: str, value: str):
+    """Item 9 of issue 36: an --actor holding a newline printed a fake "= false (spec)" line above the real
+    value. Control characters are refused now, naming the option, and nothing is written."""
+    with pytest.raises(SystemExit) as exit_:
+        cli("set", "--pool", POOL, "--redis", redis_url, option, value, "fusedGemmAllReduce=true")
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert option in err and "printable" in err, err
+    assert FlagStore(redis_url).get(POOL).version == 0, "a refused set wrote something"
+
+
+def test_a_stored_actor_with_a_newline_is_shown_escaped(redis_url: str, capsys: pytest.CaptureFixture):
+    """What another client wrote into Redis cannot forge a line of the text output either."""
+    FlagStore(redis_url).set(POOL, {"fusedGemmAllReduce": True}, actor="eve\n  fusedGemmAllReduce = false (spec)",
+                             reason="x\ny")
+    assert cli("get", "--pool", POOL, "--redis", redis_url) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[1].strip() == "fusedGemmAllReduce = true  (changed from default)", lines
+    assert '"eve\\n  fusedGemmAllReduce = false (spec)"' in lines[0], lines[0]
+    assert cli("history", "--pool", POOL, "--redis", redis_url) == 0
+    [line] = capsys.readouterr().out.splitlines()
+    assert '"eve\\n' in line and '("x\\ny")' in line, line
