@@ -7,7 +7,7 @@ the GPU; the all-reduce after O and down is replaced by its one-GPU stand-in and
   baseline   the original step: bf16 GEMMs, eager, per-call whole-cache work (concatenate the cache
              with the new tokens, rotate every cached key, quantize the whole K/V set), SDPA attention.
   optimized  FP8 GEMMs (cuBLASLt rowwise), activation quantization fused into norm/modulation and
-             SwiGLU, RoPE+FP8+ring write at write time, attention reading the FP8 ring, CUDA graph
+             SwiGLU, RoPE + ring write at write time, attention reading the bf16 ring, CUDA graph
              per pass (the FP8 parts of worker/model/fast_parts.py in the served engine, worker/model/engine.py).
 
 Breakdown: each component is timed alone with CUDA events (median of do_bench) at its exact shapes and
@@ -37,10 +37,10 @@ from vivant.kernels.ring_attention import ring_attention
 from vivant.kernels.split_kv import split_kv_attention_fp8
 from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.engine import Engine
-from vivant.worker.model.fast_parts import auto_kv_splits, gemm_plan_report
+from vivant.worker.model.fast_parts import Fp8Linear, auto_kv_splits, gemm_plan_report
 from vivant.worker.model.generator import ChunkGenerator
 from vivant.worker.model.model import VideoDiT
-from vivant.worker.model.options import AttentionBackend, CacheMode, EngineOptions, GemmPrecision
+from vivant.worker.model.options import AttentionBackend, CacheMode, EngineOptions
 from vivant.worker.model.tp import apply_tensor_parallel, local_shapes
 
 
@@ -105,7 +105,7 @@ def build_rank(cfg: ModelConfig, tp: int, rank: int, *, keep_bf16: bool, seed: i
         _init_(blk, gen, init, cfg.n_layers)
         if not keep_bf16:
             for mod, name in ((blk.attn, "qkv"), (blk.attn, "o"), (blk.mlp, "gate_up"), (blk.mlp, "down")):
-                setattr(mod, name, getattr(mod, name).as_fp8(fast_accum=False))
+                setattr(mod, name, Fp8Linear.of(getattr(mod, name), fast_accum=False))
     model.eval()
     return model
 
@@ -228,17 +228,13 @@ def component_times(cfg, tp, splits: int = 1) -> dict:
     from vivant.kernels.fp8 import quantize_rows_ref
     from vivant.kernels.rope import apply_rope_ref
 
-    k8, ks = quantize_rows_ref(kf.float())
-    v8, vs = quantize_rows_ref(torch.randn(S, h, d, device=dev).float())
+    kb, vb = kf.clone(), torch.randn(S, h, d, device=dev, dtype=bf)  # the bf16 ring of one layer
     valid = torch.ones(S, dtype=torch.bool, device=dev)
     qkv = torch.randn(n, 3 * h * d, device=dev, dtype=bf)
     w_d = torch.ones(d, device=dev, dtype=bf)
     cos, sin = torch.rand(n, d // 2, device=dev), torch.rand(n, d // 2, device=dev)
     pos = torch.randint(0, 30, (S, 3), device=dev)
-    kimg = (k8.float() * ks[..., None]).to(bf)
-    vimg = (v8.float() * vs[..., None]).to(bf)
     slots = torch.randperm(S, device=dev)[:n]
-    from vivant.kernels.ring_image import dequant_slots
 
     def ms(fn):  # inside a CUDA graph, as the engine runs them
         return graph_us(fn) / 1e3
@@ -249,17 +245,12 @@ def component_times(cfg, tp, splits: int = 1) -> dict:
         "swiglu_quant": ms(lambda: swiglu_quant(gu)),
         "quant_rows_o": ms(lambda: quant_rows(att)),
         "qk_norm_rope": ms(lambda: qk_norm_rope(qkv, w_d, w_d, cos, sin, h)),
-        "qkv_ring_write": ms(lambda: qkv_ring_write(qkv, w_d, w_d, cos, sin, slots, k8, v8, ks, vs, h, k_image=kimg,
-                                                    v_image=vimg)),
-        "attn_triton_fp8_ring": ms(lambda: ring_attention(q, k8, v8, ks, vs, valid, backend="triton")),
-        "attn_sdpa_dequant": ms(lambda: ring_attention(q, k8, v8, ks, vs, valid, backend="sdpa", all_valid=True)),
-        "attn_image": ms(lambda: ring_attention(q, k8, v8, ks, vs, valid, backend="image", all_valid=True,
-                                                k_image=kimg, v_image=vimg)),
+        "qkv_ring_write": ms(lambda: qkv_ring_write(qkv, w_d, w_d, cos, sin, slots, kb, vb, h)),
+        "attn_image": ms(lambda: ring_attention(q, kb, vb, valid, backend="image", all_valid=True)),
         "attn_image_split_fp8": ms(lambda: split_kv_attention_fp8(q.transpose(0, 1).unsqueeze(0).expand(splits, h, n, d),
-                                                                  kimg, vimg)) if splits > 1 else None,
-        "attn_image_kv_splits_2": ms(lambda: ring_attention(q, k8, v8, ks, vs, valid, backend="image", all_valid=True,
-                                                            k_image=kimg, v_image=vimg, kv_splits=2)),
-        "image_refresh": ms(lambda: (dequant_slots(k8, ks, slots, kimg), dequant_slots(v8, vs, slots, vimg))),
+                                                                  kb, vb)) if splits > 1 else None,
+        "attn_image_kv_splits_2": ms(lambda: ring_attention(q, kb, vb, valid, backend="image", all_valid=True,
+                                                            kv_splits=2)),
         "attn_sdpa_bf16": ms(lambda: torch.nn.functional.scaled_dot_product_attention(
             q.transpose(0, 1)[None], kf.transpose(0, 1)[None], kf.transpose(0, 1)[None])),
         "baseline_cache_work": _bench(lambda: quantize_rows_ref(apply_rope_ref(torch.cat([kf, q]).float(),
@@ -303,15 +294,16 @@ def time_chunks(gen: ChunkGenerator, cfg, warmup: int, chunks: int, hook=None, h
 
 
 def compare_o_gemm(cfg, model, options: EngineOptions, timed: ChunkGenerator, lat_timed, args, keep_bf16: bool) -> dict:
-    """The same step with the other O GEMM precision (EngineOptions.o_gemm), in this process on the same weights:
+    """The same step with the O GEMM in bf16 (bench/ablation_parts.py, bf16_o_gemm), in this process on the same weights:
     timed after the optimized engine, then the optimized engine timed again (A, B, A), so a drift of the card
     shows. ms are medians over `args.chunks` chunks after `args.warmup`; the latents are compared with the timed
     engine's (relative RMS per chunk, max)."""
     if not keep_bf16:
         return {"error": "needs the rank's bf16 projections (TP > 1 keeps them; TP = 1 quantizes in place)"}
-    other = GemmPrecision.BF16 if options.o_gemm is GemmPrecision.FP8 else GemmPrecision.FP8
+    from vivant.bench.ablation_parts import install_bf16_o_gemm
+
     alt = ChunkGenerator(cfg, mode=CacheMode.OPTIMIZED, device=timed.device, dtype=torch.bfloat16,
-                         engine=Engine.build(model, options.replace(o_gemm=other)), seed=args.seed)
+                         engine=Engine(install_bf16_o_gemm(model, options), options), seed=args.seed)
     t_alt, lat_alt = time_chunks(alt, cfg, args.warmup, args.chunks)
     del alt
     if timed.device.type == "cuda":
@@ -319,7 +311,7 @@ def compare_o_gemm(cfg, model, options: EngineOptions, timed: ChunkGenerator, la
     t_again, _ = time_chunks(timed, cfg, 0, args.chunks)  # warm already: graphs captured
     errs = [float((a - b).norm() / b.norm()) for a, b in zip(lat_alt, lat_timed, strict=True)]
     ms_alt, ms_again = float(np.median(t_alt)), float(np.median(t_again))
-    return {"o_gemm": other.value, "ms": ms_alt, "p99_ms": float(np.percentile(t_alt, 99)),
+    return {"o_gemm": "bf16", "ms": ms_alt, "p99_ms": float(np.percentile(t_alt, 99)),
             "per_chunk_ms": [round(t, 3) for t in t_alt], "optimized_again_ms": ms_again,
             "optimized_again_per_chunk_ms": [round(t, 3) for t in t_again],
             "max_rel_rms_vs_optimized": max(errs)}
@@ -392,12 +384,8 @@ def run(args) -> int:
     result["gemm_ceiling"] = ceil
     result["components_ms_per_call"] = comp
     calls = cfg.n_layers * cfg.passes
-    # per call; the image refresh happens inside qkv_ring_write (counted with the fused kernels)
-    # the engine's backends (the Triton FP8 kernel is timed as a component only: not an engine choice)
-    attn_cost = {AttentionBackend.SDPA: comp["attn_sdpa_dequant"], AttentionBackend.IMAGE: comp["attn_image"]}
-    if args.attn_backend == "auto":  # the fastest correct backend at these shapes, measured above
-        args.attn_backend = min(attn_cost, key=attn_cost.get)
-    args.attn_backend = AttentionBackend(args.attn_backend)
+    attn_cost = {AttentionBackend.IMAGE: comp["attn_image"]}  # per call, over the bf16 ring
+    args.attn_backend = AttentionBackend.IMAGE  # "auto": the GPU's one backend
     result["attn_backend"] = args.attn_backend.value
     flops_chunk = ceil["flops_per_layer_pass"] * calls
     keep_bf16 = tp > 1
@@ -406,12 +394,10 @@ def run(args) -> int:
     result["fast_accum"] = args.fast_accum
     options = EngineOptions(fp8=True, attention=args.attn_backend, kv_splits=splits, fast_accum=args.fast_accum,
                             cuda_graphs=not args.no_graphs,
-                            ring=getattr(args, "ring", None) or EngineOptions.served("cuda").ring,
-                            o_gemm=getattr(args, "o_gemm", None) or EngineOptions.served("cuda").o_gemm,
                             gemm_algorithms=getattr(args, "gemm_algorithms", None)
                             or EngineOptions.served("cuda").gemm_algorithms)
-    result["ring"] = options.ring.value
-    result["o_gemm"] = options.o_gemm.value
+    result["ring"] = "bf16"
+    result["o_gemm"] = "fp8"
     result["gemm_algorithms"] = options.gemm_algorithms.value
     memory.mark("before_fp8_weights")
     fast = Engine.build(model, options, inplace=not keep_bf16)  # keep_bf16: the float model stays the baseline

@@ -47,11 +47,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size whose one rank is measured")
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--no-fp8", action="store_true", help="float cache instead of FP8")
+    p.add_argument("--no-fp8", action="store_true",
+                   help="the baseline cache without its per-call FP8 quantization of K/V")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--attn-backend", default="auto",
-                   choices=["auto", AttentionBackend.IMAGE.value, AttentionBackend.SDPA.value],
-                   help="GPU: the FP8 parts' attention (auto: the faster of the two, measured in the run)")
+    p.add_argument("--attn-backend", default="auto", choices=["auto", AttentionBackend.IMAGE.value],
+                   help="GPU: the FP8 parts' attention (auto: image, SDPA over the bf16 ring)")
     p.add_argument("--init", default="scaled", choices=["unit", "scaled"],
                    help="GPU: random init of the 57b shard (scaled: residual-writing projections / sqrt(2·layers))")
     p.add_argument("--attn-kv-splits", type=_splits, default="auto",
@@ -59,16 +59,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "or auto (worker/model/fast_parts.py auto_kv_splits)")
     p.add_argument("--fast-accum", action="store_true", help="GPU: cuBLASLt FP8 fast accumulation in the GEMMs")
     p.add_argument("--no-graphs", action="store_true", help="GPU: run passes eagerly (no CUDA graphs)")
-    p.add_argument("--ring", default=None, choices=["fp8", "bf16"],
-                   help="GPU: the FP8 parts' ring storage (EngineOptions.ring; bf16 needs the image attention); "
-                        "default: the served engine's")
-    p.add_argument("--o-gemm", default=None, choices=["fp8", "bf16"],
-                   help="GPU: the O projection's GEMM (EngineOptions.o_gemm); default: the served engine's")
     p.add_argument("--gemm-algorithms", default=None, choices=["heuristic", "tuned"],
                    help="GPU: the FP8 GEMMs' cuBLASLt algorithms (EngineOptions.gemm_algorithms); default: the served "
                         "engine's")
     p.add_argument("--compare-o-gemm", action="store_true",
-                   help="GPU, TP > 1: also time the engine with the other O GEMM precision in the same process "
+                   help="GPU, TP > 1: also time the engine with the O GEMM in bf16 in the same process "
                         "(timed A, B, A again), JSON key o_gemm_compare")
     p.add_argument("--numerics-chunks", type=int, default=0, help="GPU: also compare modes over this many chunks")
     p.add_argument("--numerics-t-limit", type=int, default=40, help="GPU: t_limit for the numerics run (forces resets)")

@@ -32,8 +32,8 @@ try:
     import triton
     import triton.language as tl
     from triton.language.extra.cuda import gdc_wait
-    from vivant.kernels.cache_write import bf16_grid_tl
     from vivant.kernels.fused_quant import _absmax, _row_scale, _store_fp8_tile
+    from vivant.kernels.ring_checks import bf16_grid_tl
 except ImportError:  # pragma: no cover
     triton = None
 

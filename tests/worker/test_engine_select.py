@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from vivant.apis.feature_flags import FlagValues
 from vivant.worker.model.config import ModelConfig
-from vivant.worker.model.engine import build_generator
 from vivant.worker.model.fast_parts import Fp8Linear
+from vivant.worker.model.generator import build_generator
 from vivant.worker.model.model import Linear, VideoDiT
 from vivant.worker.model.options import AttentionBackend, EngineName, EngineOptions, RowParallelPath
 from vivant.worker.serving.cli import add_arguments, rank_spec
