@@ -58,7 +58,7 @@ def test_each_variant_tracks_the_float_parts_across_resets(setup, name):
     errs = [rel_rms(g, w) for g, w in zip(got, ref, strict=True)]
     assert resets >= 2, f"the run crossed {resets} position resets; the test needs at least 2"
     assert max(errs) < 0.02, f"{name} vs the float parts: relative RMS up to {max(errs):.3e} (per chunk {errs})"
-    assert max(errs) > 1e-4, f"{name}: no rounding error at all although the ring is bf16"
+    assert max(errs) > 1e-5, f"{name}: no rounding error at all although the ring is bf16 (its K/V rounding: ~7e-5)"
 
 
 def test_the_parts_each_variant_installs(setup):
