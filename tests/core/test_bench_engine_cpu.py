@@ -1,6 +1,6 @@
 """The GPU benchmarks' engine plumbing on CPU at the tiny shapes: `bench/gpu_step.build_rank` (one TP rank built block
-by block, its projections quantized to FP8 as they are built) and the engines `bench/gpu_step.py` and
-`bench/gpu_tune.py` put on it run chunks through the unified engine (FP8 parts, eager here; the GPU runs add CUDA
+by block, its projections quantized to FP8 as they are built) and the engines `bench/gpu_step.py` puts on it run
+chunks through the unified engine (FP8 parts, eager here; the GPU runs add CUDA
 graphs). The timings themselves are GPU-only (docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import types
 
 import torch
 from vivant.bench.gpu_step import _audio, build_rank, compare_o_gemm
-from vivant.bench.gpu_tune import engine as tune_engine
 from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.engine import Engine
 from vivant.worker.model.fast_parts import Fp8Linear
@@ -29,7 +28,7 @@ def test_an_fp8_rank_built_block_by_block_runs_on_the_unified_engine():
     assert all(type(getattr(b.attn, n)) is Fp8Linear for b in model.blocks for n in ("qkv", "o")), \
         "build_rank(keep_bf16=False) should leave FP8 projections only"
     ring = _chunks(Engine.build(model, EngineOptions(fp8=True)), CacheMode.OPTIMIZED)
-    base = _chunks(tune_engine(model, AttentionBackend.TORCH, fast_accum=False, graphs=False), CacheMode.BASELINE)
+    base = _chunks(Engine.build(model, EngineOptions(fp8=True, attention=AttentionBackend.TORCH)), CacheMode.BASELINE)
     assert bool(torch.isfinite(ring).all()) and bool(torch.isfinite(base).all())
     err = float((ring - base).norm() / base.norm())
     assert err < 0.05, f"the rank's ring vs baseline cache on the same FP8 weights: relative RMS {err:.3e}"

@@ -85,11 +85,15 @@ class KVCache:
     Rewind (`rewind`): the last `rewind_chunks` chunks can be undone, so the cache returns to its state right after
     an earlier chunk (docs/ARCHITECTURE.md, "Rewind at a turn start"). The ring keeps an undo log
     (worker/model/ring_undo.py, memory stated there); the baseline keeps `rewind_chunks` more chunks in its list
-    and drops the undone ones. 0 turns rewinding off (nothing allocated)."""
+    and drops the undone ones. 0 turns rewinding off (nothing allocated).
+
+    ring_dtype: the optimized ring's K/V dtype — torch.bfloat16 for the FP8 parts (what ChunkGenerator builds for
+    them: the served format), torch.float32 for the float parts (the reference; the default). fp8: the baseline
+    cache's per-call FP8 quantization of K/V (the original step); the ring ignores it."""
 
     def __init__(self, *, layers: int, heads: int, head_dim: int, layout: RingLayout,
                  rope_dims: tuple[int, int, int], rope_theta: float, mode: CacheMode | str = CacheMode.OPTIMIZED,
-                 fp8: bool = True, device: str | torch.device = "cpu", ring_dtype: torch.dtype = torch.bfloat16,
+                 fp8: bool = True, device: str | torch.device = "cpu", ring_dtype: torch.dtype = torch.float32,
                  kernel_backend: str = "auto", rewind_chunks: int = 4):
         mode = parse_choice(CacheMode, mode, "mode")
         if isinstance(rewind_chunks, bool) or not isinstance(rewind_chunks, int) or rewind_chunks < 0:
