@@ -2,17 +2,19 @@
 the same weights (docs/BENCHMARKS.md's head table; docs/ARCHITECTURE.md, "The engine's choices and their ablation").
 
 Rows (one engine each, built, timed and freed before the next; the FP8 rows share one FP8 quantization of the
-rank's bf16 weights, the bf16-GEMM row and the baseline run those bf16 weights themselves):
+rank's bf16 weights, the bf16-GEMM row and the baseline run those bf16 weights themselves). A row undoes one
+choice either by an option of the served engine (EngineOptions) or by a variant's parts swapped into it
+(bench/ablation_parts.py):
   baseline        the eager float parts with the baseline cache (per-call whole-cache work): the original step
                   and the numerics reference
-  optimized       the served engine (EngineOptions.served: FP8 GEMMs, fused kernels, the ring — bf16 on CUDA,
-                  or `--ring` — read by image attention with split-KV, CUDA graphs)
-  whole_window    cache_policy = whole_window: the window kept un-rotated, re-rotated and re-quantized on every
-                  attention call (compiled)
-  bf16_gemm       gemm = bf16: bf16 GEMMs, the norm/modulation and SwiGLU compiled with bf16 output
+  optimized       the served engine (EngineOptions.served: FP8 GEMMs, fused kernels, the bf16 ring read by image
+                  attention with split-KV, tuned GEMM algorithms, CUDA graphs)
+  whole_window    variant: the window kept un-rotated, re-rotated on every attention call (compiled)
+  bf16_gemm       variant: bf16 GEMMs, the norm/modulation and SwiGLU compiled with bf16 output
+  heuristic_gemm  gemm_algorithms = heuristic: cuBLASLt's first answer for every GEMM
   residual_after_gemm  residual_in_gemm = False: the O and down GEMMs write their product and the fused residual
                   kernel adds it (instead of the GEMMs' epilogue adding the residual, the gate in their scales)
-  unfused_norm    fused_norm = False: residual, LayerNorm, modulation, SwiGLU as torch ops, then quant_rows
+  unfused_norm    variant: residual, LayerNorm, modulation, SwiGLU as torch ops, then quant_rows
   no_cuda_graphs  cuda_graphs = False: every pass launched eagerly
   no_split_kv     kv_splits = 1: one attention call over all slots
 The rows with compiled parts (whole_window, bf16_gemm) run under CUDA graphs; should their capture fail, the row
@@ -36,18 +38,19 @@ import time
 
 import numpy as np
 import torch
+from vivant.bench.ablation_parts import WholeWindowCache, install_variant
 from vivant.bench.harness import build_rank, time_chunks
 from vivant.bench.memory import StepMemory
 from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.engine import Engine
 from vivant.worker.model.fast_parts import auto_kv_splits, install_parts
 from vivant.worker.model.generator import ChunkGenerator
-from vivant.worker.model.options import CacheMode, CachePolicy, EngineOptions, GemmAlgorithms, GemmPrecision
+from vivant.worker.model.options import CacheMode, EngineOptions, GemmAlgorithms
 
 ROWS = ("baseline", "optimized", "whole_window", "bf16_gemm", "heuristic_gemm", "residual_after_gemm", "unfused_norm",
         "no_cuda_graphs", "no_split_kv")
 UNDONE = {"baseline": "everything: eager float parts, per-call whole-cache work", "optimized": "nothing",
-          "whole_window": "the ring (whole-window re-rotation + re-quantization per call)",
+          "whole_window": "the ring (whole-window re-rotation per call)",
           "bf16_gemm": "FP8 GEMMs (bf16 GEMMs)",
           "heuristic_gemm": "the tuned cuBLASLt algorithms (each GEMM takes the heuristic's first answer)",
           "residual_after_gemm": "the residual add in the O/down GEMMs' epilogue (the GEMM writes its product, the "
@@ -56,36 +59,35 @@ UNDONE = {"baseline": "everything: eager float parts, per-call whole-cache work"
           "no_cuda_graphs": "CUDA graphs", "no_split_kv": "split-KV attention (kv_splits = 1)"}
 
 
-HOW = {"whole_window": "the window kept un-rotated in bf16; per attention call every key re-rotated (and, when the "
-                       "ring is FP8, the whole window re-quantized to FP8 and back) by one torch.compile'd function "
-                       "(worker/model/whole_window.py), then the image attention the ring uses",
+HOW = {"whole_window": "the window kept un-rotated in bf16; per attention call every key re-rotated by one "
+                       "torch.compile'd function (bench/ablation_parts.py), then the image attention the ring uses",
        "bf16_gemm": "F.linear on the bf16 weights; residual/LayerNorm/modulation and SwiGLU are the float parts "
                     "torch.compile'd (inductor-fused) with bf16 output: kernels/fused_quant.py has no non-quantizing "
-                    "variant; attention output unquantized; the ring stays FP8",
+                    "variant; attention output unquantized; the ring stays bf16",
        "unfused_norm": "residual add, LayerNorm, modulation and SwiGLU as torch ops (the float parts), then "
                        "quant_rows (kernels/fused_quant.py)"}
 COMPILED_ROWS = ("whole_window", "bf16_gemm")  # torch.compile'd parts: run eagerly, with a note, if capture fails
 
 
+VARIANT_ROWS = ("whole_window", "bf16_gemm", "unfused_norm")  # parts swapped in (bench/ablation_parts.py)
+
+
 def variant_options(optimized: EngineOptions) -> dict[str, EngineOptions | None]:
-    """Each row's options: the optimized engine with exactly one choice undone (baseline: None, the float parts)."""
-    return {"baseline": None, "optimized": optimized,
-            "whole_window": optimized.replace(cache_policy=CachePolicy.WHOLE_WINDOW),
-            "bf16_gemm": optimized.replace(gemm=GemmPrecision.BF16),
+    """Each row's options: the optimized engine with exactly one choice undone (baseline: None, the float parts);
+    a variant row runs the optimized options with its parts swapped in."""
+    return {"baseline": None, "optimized": optimized, "whole_window": optimized, "bf16_gemm": optimized,
             "heuristic_gemm": optimized.replace(gemm_algorithms=GemmAlgorithms.HEURISTIC),
-            "residual_after_gemm": optimized.replace(residual_in_gemm=False),
-            "unfused_norm": optimized.replace(fused_norm=False),
+            "residual_after_gemm": optimized.replace(residual_in_gemm=False), "unfused_norm": optimized,
             "no_cuda_graphs": optimized.replace(cuda_graphs=False),
             "no_split_kv": optimized.replace(kv_splits=1)}
 
 
-def _options_json(o: EngineOptions | None) -> dict | None:
+def _options_json(o: EngineOptions | None, variant: str | None = None) -> dict | None:
     if o is None:
         return None
     return {"attention": o.attention.value, "kv_splits": o.kv_splits, "fast_accum": o.fast_accum,
-            "cuda_graphs": o.cuda_graphs, "ring": o.ring.value, "gemm": o.gemm.value, "fused_norm": o.fused_norm,
-            "cache_policy": o.cache_policy.value, "gemm_algorithms": o.gemm_algorithms.value,
-            "residual_in_gemm": o.residual_in_gemm}
+            "cuda_graphs": o.cuda_graphs, "ring": "bf16", "gemm_algorithms": o.gemm_algorithms.value,
+            "residual_in_gemm": o.residual_in_gemm, **({"variant": variant} if variant else {})}
 
 
 def _free(device: torch.device) -> None:
@@ -105,19 +107,23 @@ def _timed(gen: ChunkGenerator, cfg: ModelConfig, args, memory: StepMemory | Non
 def run_row(name: str, options: EngineOptions | None, *, cfg: ModelConfig, model, fp8_model, device: torch.device,
             args, memory: StepMemory | None = None) -> tuple[dict, list[torch.Tensor]]:
     """Build one row's engine, time it, free it. Returns (the row without ratios/numerics, its latents)."""
-    row: dict = {"row": name, "undone": UNDONE[name], "options": _options_json(options)}
+    variant = name if name in VARIANT_ROWS else None
+    row: dict = {"row": name, "undone": UNDONE[name], "options": _options_json(options, variant)}
     if name in HOW:
         row["implementation"] = HOW[name]
     kw = dict(device=device, dtype=torch.bfloat16, seed=args.seed)
     if options is None:
         gen = ChunkGenerator(cfg, mode=CacheMode.BASELINE, model=model, **kw)
     else:
-        base = model if options.gemm is GemmPrecision.BF16 else fp8_model
-        engine = Engine(install_parts(base, options), options)
+        parts = (install_variant(variant, model=model, fp8_model=fp8_model, options=options) if variant else
+                 install_parts(fp8_model, options))
+        engine = Engine(parts, options)
         if memory is not None:
             memory.mark("before_cache")
         gen = ChunkGenerator(cfg, mode=CacheMode.OPTIMIZED, engine=engine, **kw)
-        del engine
+        if variant == "whole_window":
+            WholeWindowCache.adopt(gen.cache)
+        del engine, parts
     try:
         times, lat = _timed(gen, cfg, args, memory)
         row["graph_replays"], row["eager_calls"] = gen.engine.graph_replays, gen.engine.eager_calls
@@ -132,16 +138,15 @@ def run_row(name: str, options: EngineOptions | None, *, cfg: ModelConfig, model
 
 
 def policy_kernel_times(cfg: ModelConfig, tp: int) -> dict:
-    """Per call, at this rank's shapes (GPU), for each ring format (fp8: codes + scales + the bf16 read image;
-    bf16: rows, its own image): the ring write (kernels/qkv_ring.py: q/k norm, RoPE, the chunk into the ring)
-    beside the whole-window policy's per-call work standing in for that ring (q/k norm + RoPE(q), the chunk's
-    un-rotated k, v into the store, the compiled re-rotation — and for fp8 re-quantization — of the whole window)
-    and that compiled function alone. µs per call replayed in a CUDA graph (as the engine runs them) and by
-    do_bench (cold L2), and ms per chunk (× layers × passes)."""
+    """Per call, at this rank's shapes (GPU), with the served bf16 ring: the ring write (kernels/qkv_ring.py: q/k
+    norm, RoPE, the chunk into the ring) beside the whole-window policy's per-call work standing in for it (q/k
+    norm + RoPE(q), the chunk's un-rotated k, v into the store, the compiled re-rotation of the whole window) and
+    that compiled function alone. µs per call replayed in a CUDA graph (as the engine runs them) and by do_bench
+    (cold L2), and ms per chunk (× layers × passes). JSON: {"bf16": {name: times}} (the ring format as the key)."""
+    from vivant.bench.ablation_parts import WindowStore
     from vivant.bench.harness import do_bench_ms, graph_us
     from vivant.kernels.qk_norm_rope import qk_norm_rope
     from vivant.kernels.qkv_ring import qkv_ring_write
-    from vivant.worker.model.whole_window import WindowStore
 
     n, h, d, s = cfg.tokens_per_chunk, cfg.shard_heads(tp), cfg.head_dim, cfg.cache_slots
     dev, bf = torch.device("cuda"), torch.bfloat16
@@ -149,41 +154,34 @@ def policy_kernel_times(cfg: ModelConfig, tp: int) -> dict:
     w = torch.ones(d, device=dev, dtype=bf)
     cos, sin = torch.rand(n, d // 2, device=dev), torch.rand(n, d // 2, device=dev)
     slots = torch.randperm(s, device=dev)[:n]
-    ks, vs = torch.ones(s, h, device=dev), torch.ones(s, h, device=dev)
     positions = torch.randint(0, 40, (s, 3), device=dev)
     calls = cfg.n_layers * cfg.passes
     out: dict = {"calls_per_chunk": calls, "shapes": {"tokens": n, "heads": h, "head_dim": d, "slots": s}}
-    for ring in ("fp8", "bf16"):
-        fp8 = ring == "fp8"
-        kc = torch.zeros(s, h, d, device=dev, dtype=torch.float8_e4m3fn if fp8 else bf)
-        vc = torch.zeros_like(kc)
-        img = (torch.zeros(s, h, d, device=dev, dtype=bf), torch.zeros(s, h, d, device=dev, dtype=bf)) if fp8 \
-            else (None, None)
-        store = WindowStore(layers=1, slots=s, heads=h, head_dim=d, dtype=bf, device=dev, quantize=fp8, compiled=True)
-        store.k.normal_()
-        store.v.normal_()
-        store.set_angles(positions, cfg.rope_dims, cfg.rope_theta)
+    kc, vc = torch.zeros(s, h, d, device=dev, dtype=bf), torch.zeros(s, h, d, device=dev, dtype=bf)
+    store = WindowStore(layers=1, slots=s, heads=h, head_dim=d, dtype=bf, device=dev, compiled=True)
+    store.k.normal_()
+    store.v.normal_()
+    store.set_angles(positions, cfg.rope_dims, cfg.rope_theta)
 
-        def ring_write(kc=kc, vc=vc, img=img):
-            qkv_ring_write(qkv, w, w, cos, sin, slots, kc, vc, ks, vs, h, k_image=img[0], v_image=img[1])
+    def ring_write():
+        qkv_ring_write(qkv, w, w, cos, sin, slots, kc, vc, h)
 
-        def window_function(store=store):
-            store.images(0)
+    def window_function():
+        store.images(0)
 
-        def window_call(store=store):
-            q_rot, k = qk_norm_rope(qkv, w, w, cos, sin, h)
-            store.write(0, k, qkv.view(n, 3, h, d)[:, 2], slots)
-            store.images(0)
+    def window_call():
+        q_rot, k = qk_norm_rope(qkv, w, w, cos, sin, h)
+        store.write(0, k, qkv.view(n, 3, h, d)[:, 2], slots)
+        store.images(0)
 
-        out[ring] = {}
-        for name, fn in (("ring_write", ring_write), ("whole_window_call", window_call),
-                         ("whole_window_function", window_function)):
-            fn()  # compiles the whole-window function before any capture
-            torch.cuda.synchronize()
-            g_us, b_us = graph_us(fn), do_bench_ms(fn) * 1e3
-            out[ring][name] = {"graph_us_per_call": g_us, "do_bench_us_per_call": b_us,
-                               "graph_ms_per_chunk": g_us * calls / 1e3, "do_bench_ms_per_chunk": b_us * calls / 1e3}
-        del kc, vc, img, store
+    out["bf16"] = {}
+    for name, fn in (("ring_write", ring_write), ("whole_window_call", window_call),
+                     ("whole_window_function", window_function)):
+        fn()  # compiles the whole-window function before any capture
+        torch.cuda.synchronize()
+        g_us, b_us = graph_us(fn), do_bench_ms(fn) * 1e3
+        out["bf16"][name] = {"graph_us_per_call": g_us, "do_bench_us_per_call": b_us,
+                             "graph_ms_per_chunk": g_us * calls / 1e3, "do_bench_ms_per_chunk": b_us * calls / 1e3}
     return out
 
 
@@ -192,8 +190,6 @@ def command(args) -> str:
     parts = ["vivant", "bench", "step", "--ablation", "--preset", args.preset, "--tp", str(args.tp), "--rank",
              str(args.rank), "--device", args.device, "--chunks", str(args.chunks), "--warmup", str(args.warmup),
              "--attn-kv-splits", str(args.attn_kv_splits), "--init", args.init, "--seed", str(args.seed)]
-    if getattr(args, "ring", None):
-        parts += ["--ring", args.ring]
     if getattr(args, "ablation_rows", None):
         parts += ["--ablation-rows", args.ablation_rows]
     return shlex.join(parts)
@@ -230,13 +226,11 @@ def run(args) -> int:
     if splits == "auto":
         splits = auto_kv_splits(cfg.tokens_per_chunk, cfg.shard_heads(args.tp), cfg.cache_slots, sms)
     optimized = EngineOptions.served(device).replace(kv_splits=splits)
-    if getattr(args, "ring", None):  # --ring: the ring format of every row (default: the served engine's)
-        optimized = optimized.replace(ring=args.ring)
     result: dict = {
         "bench": "step_ablation", "preset": cfg.name, "tp": args.tp, "rank": args.rank, "gpus": 1 if cuda else 0,
         "machine": machine(device), "date": time.strftime("%Y-%m-%d"), "chunks": args.chunks, "warmup": args.warmup,
         "passes": cfg.passes, "layers": cfg.n_layers, "init": args.init, "seed": args.seed,
-        "command": command(args), "cublaslt_workspace_kib": workspace, "ring": optimized.ring.value,
+        "command": command(args), "cublaslt_workspace_kib": workspace, "ring": "bf16",
         "reference": "the baseline row: the float parts (bf16 GEMMs and attention on the same bf16 weights, eager) with "
                      "the baseline cache; numerics = relative RMS of each chunk's latents against it",
     }

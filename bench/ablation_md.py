@@ -90,7 +90,8 @@ def _memory(doc: dict) -> str:
         return ""
     h = m["headroom_bytes"]
     return (f"\nMemory of the optimized engine on this rank: CUDA context {_gb(m['context_bytes'])}, weights "
-            f"{_gb(m['weights_bytes'])}, ring {_gb(m['ring_bytes'])} + read image {_gb(m['read_image_bytes'])} + "
+            f"{_gb(m['weights_bytes'])}, ring {_gb(m['ring_bytes'])}"
+            + (f" + read image {_gb(m['read_image_bytes'])}" if "read_image_bytes" in m else "") + " + "
             f"rewind undo log {_gb(m.get('undo_log_bytes', 0))}, "
             f"activations (peak of an eager chunk) {_gb(m['activations_peak_bytes'])}, CUDA graphs' pools "
             f"{_gb(m['graphs_reserved_bytes'])}: {_gb(m['served_estimate_bytes'])} served per rank, leaving "

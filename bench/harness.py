@@ -21,6 +21,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from vivant.worker.model.config import ModelConfig
+from vivant.worker.model.fast_parts import Fp8Linear
 from vivant.worker.model.generator import ChunkGenerator
 from vivant.worker.model.model import VideoDiT
 from vivant.worker.model.tp import apply_tensor_parallel
@@ -95,7 +96,7 @@ def build_rank(cfg: ModelConfig, tp: int, rank: int, *, keep_bf16: bool, seed: i
         init_weights_(blk, gen, init, cfg.n_layers)
         if not keep_bf16:
             for mod, name in ((blk.attn, "qkv"), (blk.attn, "o"), (blk.mlp, "gate_up"), (blk.mlp, "down")):
-                setattr(mod, name, getattr(mod, name).as_fp8(fast_accum=False))
+                setattr(mod, name, Fp8Linear.of(getattr(mod, name), fast_accum=False))
     model.eval()
     return model
 

@@ -51,15 +51,14 @@ def engine_weight_bytes(model: torch.nn.Module) -> int:
 
 
 def cache_bytes(cache) -> dict[str, int]:
-    """The ring (K/V, scales, slot positions), its read image (0 when the ring is its own image: a bf16 ring), the
-    whole-window store, if any, and the rewind undo log (worker/model/ring_undo.py; allocated at the first chunk)."""
-    ring = tensor_bytes([getattr(cache, n, None) for n in ("k", "v", "k_scale", "v_scale", "slot_pos")])
-    own_image = cache.k_image is not None and cache.k_image is not cache.k  # a bf16 ring is its own image
-    image = tensor_bytes([cache.k_image, cache.v_image]) if own_image else 0
+    """The ring (K/V, and the slot positions of the ablation's whole-window variant), that variant's window store,
+    if any, and the rewind undo log (worker/model/ring_undo.py; allocated at the first chunk). The bf16 ring is
+    what attention reads: there is no read image of its own."""
+    ring = tensor_bytes([getattr(cache, n, None) for n in ("k", "v", "slot_pos")])
     window = cache.window.nbytes if getattr(cache, "window", None) is not None else 0
     undo = getattr(cache, "undo", None)
     undo_bytes = tensor_bytes(getattr(undo, "_buf", {}).values()) if undo is not None else 0
-    return {"ring_bytes": ring, "read_image_bytes": image, "whole_window_bytes": window, "undo_log_bytes": undo_bytes}
+    return {"ring_bytes": ring, "whole_window_bytes": window, "undo_log_bytes": undo_bytes}
 
 
 class StepMemory:
@@ -105,13 +104,13 @@ class StepMemory:
         weights = engine_weight_bytes(model)
         c = cache_bytes(cache)
         before, after0, end = self.marks["before_chunk0"], self.marks["after_chunk0"], self.marks["after_run"]
-        image_and_window = c["read_image_bytes"] + c["whole_window_bytes"] + c["undo_log_bytes"]
+        image_and_window = c["whole_window_bytes"] + c["undo_log_bytes"]
         activations = max(0, self.marks["chunk0_peak"][0] - before[0] - image_and_window)
         alloc = {name: m[0] for name, m in self.marks.items()}
         pairs = {"fp8_weights": ("before_fp8_weights", "after_fp8_weights"),
                  "ring_cache": ("before_cache", "before_chunk0")}
         deltas = {k: alloc[b] - alloc[a] for k, (a, b) in pairs.items() if a in alloc and b in alloc}
-        deltas["kept_by_chunk0"] = after0[0] - before[0]  # the read image or whole-window store, the modulation cache
+        deltas["kept_by_chunk0"] = after0[0] - before[0]  # the whole-window store, the modulation cache
         graphs_reserved = max(0, end[1] - after0[1])
         served = self.context_bytes + weights + c["ring_bytes"] + image_and_window + activations + graphs_reserved
         peak_alloc, peak_res = self.peak()
@@ -121,6 +120,6 @@ class StepMemory:
                 "measured_deltas": deltas, "served_estimate_bytes": served, "process_peak_allocated_bytes": peak_alloc,
                 "process_peak_reserved_bytes": peak_res, "device_total_bytes": self.total_bytes,
                 "headroom_bytes": {card: cap - served for card, cap in CARDS.items()},
-                "note": "served estimate = context + weights + ring + read image + undo log + activations + graph "
+                "note": "served estimate = context + weights + ring + undo log + activations + graph "
                         "pools; "
                         "process peaks include what this benchmark keeps beside the served engine"}

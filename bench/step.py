@@ -48,7 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size whose one rank is measured")
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--no-fp8", action="store_true", help="float cache instead of FP8")
+    p.add_argument("--no-fp8", action="store_true",
+                   help="the baseline cache without its per-call FP8 quantization of K/V")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--init", default="scaled", choices=["unit", "scaled"],
                    help="GPU: random init of the rank (scaled: residual-writing projections / sqrt(2·layers))")
@@ -61,8 +62,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="time the optimized engine and the engine with one choice undone at a time (bench/ablation.py)")
     p.add_argument("--ablation-rows", default=None,
                    help="with --ablation: only these rows (comma-separated; baseline and optimized always run)")
-    p.add_argument("--ring", default=None, choices=["fp8", "bf16"],
-                   help="with --ablation: every row's ring format (EngineOptions.ring); default: the served engine's")
     p.add_argument("--json", action="store_true", help="print only the JSON document")
     p.add_argument("--out", help="also write the JSON to this file")
 
@@ -82,8 +81,8 @@ def measure(cfg: ModelConfig, mode: CacheMode, args) -> tuple[list[float], list[
 
 def run(args: argparse.Namespace) -> int:
     cfg = ModelConfig.from_name(args.preset)
-    if args.ring is not None and not args.ablation:
-        raise SystemExit("--ring applies to --ablation only; the step benchmark times the served engine")
+    if args.ablation_rows is not None and not args.ablation:
+        raise SystemExit("--ablation-rows applies to --ablation only; the step benchmark times the served engine")
     if args.ablation:
         from vivant.bench.ablation import run as run_ablation
 

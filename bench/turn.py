@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from vivant.worker.model.config import ModelConfig
-from vivant.worker.model.engine import build_generator
+from vivant.worker.model.generator import build_generator
 from vivant.worker.model.options import EngineName
 from vivant.worker.model.ref_model import ref_paths, ref_weights_present
 from vivant.worker.stream.pipeline import StreamPipeline

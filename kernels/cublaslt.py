@@ -5,7 +5,7 @@ outer-vector scale mode — with every algorithm cuBLASLt's heuristic offers for
 Why: torch takes the heuristic's first answer. At the 57b per-rank shapes that is a 128 × 128 tile for every GEMM,
 which leaves the QKV GEMM (M = 757, N = 6144: 288 tiles on 132 SMs, 2.18 waves) a third idle in its last wave;
 other tiles, cluster shapes or split-K variants may fill the card better. `Fp8Gemm.candidates` lists them; the
-caller times them (bench/gpu_cublaslt_probe.py) and passes the one it keeps to `Fp8Gemm.__call__`.
+caller times them (`tune`) and passes the one it keeps to `Fp8Gemm.__call__`.
 
 The library is the libcublasLt torch itself loaded (found in /proc/self/maps after one `_scaled_mm`), reached
 through ctypes: no build step, and the call is captured by CUDA graphs like torch's own (it is issued on torch's
@@ -231,9 +231,9 @@ class Fp8Gemm:
 
     def variants(self, *, workspace_bytes: int = 32 << 20, limit: int = 600) -> list[Algorithm]:
         """What tuning times: every configuration (`configurations`) run with no workspace — cuBLASLt then gives it a
-        static tile schedule, with no memset of a tile counter before each call (seen on an H200: the same tiles,
-        "ssched" in the kernel's name, about 1 µs faster and one graph node fewer) — and, where its check asked for
-        more than a tile counter (1 KiB; split-K partials), with the workspace it asked for."""
+        static tile schedule, with no memset of a tile counter before each call (the same tiles, "ssched" in the
+        kernel's name, one graph node fewer) — and, where its check asked for more than a tile counter (1 KiB;
+        split-K partials), with the workspace it asked for."""
         out = []
         for algo in self.configurations(workspace_bytes=workspace_bytes, limit=limit):
             out.append(dataclasses.replace(algo, workspace=0))

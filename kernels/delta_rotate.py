@@ -2,36 +2,33 @@
 
 Why: positions grow without bound in a long session. When the window's temporal index passes a
 limit, the model shifts positions back by Δ and rotates the keys already in the cache by -Δ in the
-t band only, once, instead of recomputing them: dequantize -> rotate the t band by
-``delta_t * inv_freq_t`` -> re-quantize with a fresh per-row scale (FP8 cache) or store (float
-cache). Because RoPE angles add, a key written at temporal position t and rotated by -Δ equals the
-key written at t - Δ (to float rounding; within FP8 re-quantization error in FP8 mode).
+t band only, once, instead of recomputing them: rotate the t band by ``delta_t * inv_freq_t`` in
+float32 and store in the cache's dtype. Because RoPE angles add, a key
+written at temporal position t and rotated by -Δ equals the key written at t - Δ (to the cache
+dtype's rounding).
 
-Shapes: ``k_cache[S, H, D]`` (float8_e4m3fn, float32, bfloat16 or float16), ``k_scale[S, H]``
-float32, ``slots[M]`` int64 distinct in ``[0, S)``, ``delta_t`` a Python int (radians are
-``delta_t * inv_freq``; the model passes ``-Δ``). The h and w bands are not rotated; in FP8 mode
-they are re-quantized with the row's new scale.
+Shapes: ``k_cache[S, H, D]`` (bfloat16 served; float32 or float16), ``slots[M]`` int64 distinct in ``[0, S)``, ``delta_t`` a Python int (radians are
+``delta_t * inv_freq``; the model passes ``-Δ``). The h and w bands are not rotated.
 """
 
 from __future__ import annotations
 
 import torch
 from vivant.kernels.backend import use_triton
-from vivant.kernels.cache_write import check_cache, check_slots, store_rows
-from vivant.kernels.fp8 import FP8_DTYPE, dequantize_rows
+from vivant.kernels.ring_checks import check_cache, check_slots
 from vivant.kernels.rope import DEFAULT_THETA, band_inv_freq, check_rope_dims, rotate_t_band_ref
 
 try:
     import triton
     import triton.language as tl
-    from vivant.kernels.cache_write import store_row_block_tl
+    from vivant.kernels.ring_checks import bf16_grid_tl
 except ImportError:  # pragma: no cover - installs without the kernels extra
     triton = None
     tl = None
 
 
-def _check_args(k_cache, k_scale, slots, delta_t, rope_dims) -> None:
-    check_cache(k_cache, k_cache, k_scale, k_scale)
+def _check_args(k_cache, slots, delta_t, rope_dims) -> None:
+    check_cache(k_cache, k_cache)
     if slots.dim() != 1:
         raise ValueError(f"slots must have shape [M] (one slot per cached key row), got {tuple(slots.shape)}")
     check_slots(slots, slots.shape[0], k_cache.shape[0], k_cache.device)
@@ -44,22 +41,17 @@ def _check_args(k_cache, k_scale, slots, delta_t, rope_dims) -> None:
 
 def delta_rotate_ref(
     k_cache: torch.Tensor,
-    k_scale: torch.Tensor,
     slots: torch.Tensor,
     delta_t: int,
     *,
     rope_dims: tuple[int, int, int],
     theta: float = DEFAULT_THETA,
 ) -> None:
-    """Float32 torch twin of ``delta_rotate``: in place on ``k_cache[slots]`` / ``k_scale[slots]``."""
-    _check_args(k_cache, k_scale, slots, delta_t, rope_dims)
+    """Float32 torch twin of ``delta_rotate``: in place on ``k_cache[slots]``."""
+    _check_args(k_cache, slots, delta_t, rope_dims)
     if slots.numel() == 0:
         return
-    if k_cache.dtype == FP8_DTYPE:
-        rows = dequantize_rows(k_cache.view(torch.uint8)[slots].view(FP8_DTYPE), k_scale[slots])
-    else:
-        rows = dequantize_rows(k_cache[slots], k_scale[slots])
-    store_rows(k_cache, k_scale, slots, rotate_t_band_ref(rows, delta_t, rope_dims, theta))
+    k_cache[slots] = rotate_t_band_ref(k_cache[slots].float(), delta_t, rope_dims, theta).to(k_cache.dtype)
 
 
 if triton is not None:
@@ -67,7 +59,6 @@ if triton is not None:
     @triton.jit
     def _delta_rotate_kernel(
         kc_ptr,
-        ks_ptr,
         slot_ptr,
         inv_t_ptr,
         delta,
@@ -75,15 +66,14 @@ if triton is not None:
         s_cs,
         s_ch,
         s_cd,
-        s_ss,
-        s_sh,
         HALF: tl.constexpr,
         DT2: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_P: tl.constexpr,
-        FP8: tl.constexpr,
+        ROUND_BF16: tl.constexpr,
     ):
-        """One program per (block of BLOCK_M slots, head): dequantize, rotate t-band pairs, re-quantize."""
+        """One program per (block of BLOCK_M slots, head): rotate the t-band pairs of the rows, store them.
+        ROUND_BF16: round on the bf16 grid before the cast (the interpreter's own cast truncates)."""
         pid = tl.program_id(0)
         h = tl.program_id(1)
         rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -93,9 +83,8 @@ if triton is not None:
         slot = tl.load(slot_ptr + rows.to(tl.int64), mask=rmask, other=0)
 
         even = kc_ptr + slot[:, None] * s_cs + h * s_ch + (2 * pairs[None, :]) * s_cd
-        sc = tl.load(ks_ptr + slot * s_ss + h * s_sh, mask=rmask, other=1.0)
-        a = tl.load(even, mask=mask2, other=0.0).to(tl.float32) * sc[:, None]
-        b = tl.load(even + s_cd, mask=mask2, other=0.0).to(tl.float32) * sc[:, None]
+        a = tl.load(even, mask=mask2, other=0.0).to(tl.float32)
+        b = tl.load(even + s_cd, mask=mask2, other=0.0).to(tl.float32)
 
         in_t = pairs < DT2
         inv = tl.load(inv_t_ptr + pairs, mask=in_t, other=0.0)
@@ -104,10 +93,14 @@ if triton is not None:
         s = tl.sin(ang)[None, :]
         ra = tl.where(in_t[None, :], a * c - b * s, a)
         rb = tl.where(in_t[None, :], a * s + b * c, b)
-        store_row_block_tl(ra, rb, slot, h, pairs, kc_ptr, ks_ptr, s_cs, s_ch, s_cd, s_ss, s_sh, mask2, rmask, FP8)
+        if ROUND_BF16:
+            ra = bf16_grid_tl(ra)
+            rb = bf16_grid_tl(rb)
+        tl.store(even, ra.to(kc_ptr.dtype.element_ty), mask=mask2)
+        tl.store(even + s_cd, rb.to(kc_ptr.dtype.element_ty), mask=mask2)
 
 
-def _delta_rotate_triton(k_cache, k_scale, slots, delta_t, rope_dims, theta) -> None:
+def _delta_rotate_triton(k_cache, slots, delta_t, rope_dims, theta) -> None:
     m = slots.shape[0]
     _, h, d = k_cache.shape
     dt = rope_dims[0]
@@ -118,15 +111,15 @@ def _delta_rotate_triton(k_cache, k_scale, slots, delta_t, rope_dims, theta) -> 
     block_m = max(1, min(triton.next_power_of_2(m), max(1, 2048 // block_p)))
     grid = (triton.cdiv(m, block_m), h)
     _delta_rotate_kernel[grid](
-        k_cache, k_scale, slots, inv_t, float(delta_t), m,
-        *k_cache.stride(), *k_scale.stride(),
-        HALF=d // 2, DT2=dt // 2, BLOCK_M=block_m, BLOCK_P=block_p, FP8=k_cache.dtype == FP8_DTYPE,
+        k_cache, slots, inv_t, float(delta_t), m,
+        *k_cache.stride(),
+        HALF=d // 2, DT2=dt // 2, BLOCK_M=block_m, BLOCK_P=block_p,
+        ROUND_BF16=k_cache.dtype == torch.bfloat16,
     )  # fmt: skip
 
 
 def delta_rotate(
     k_cache: torch.Tensor,
-    k_scale: torch.Tensor,
     slots: torch.Tensor,
     delta_t: int,
     *,
@@ -139,7 +132,7 @@ def delta_rotate(
     ``backend``: "auto" | "triton" | "torch" (see ``vivant.kernels.backend``).
     """
     if not use_triton("delta_rotate", backend, k_cache.device):
-        delta_rotate_ref(k_cache, k_scale, slots, delta_t, rope_dims=rope_dims, theta=theta)
+        delta_rotate_ref(k_cache, slots, delta_t, rope_dims=rope_dims, theta=theta)
         return
-    _check_args(k_cache, k_scale, slots, delta_t, rope_dims)
-    _delta_rotate_triton(k_cache, k_scale, slots, delta_t, check_rope_dims(rope_dims), theta)
+    _check_args(k_cache, slots, delta_t, rope_dims)
+    _delta_rotate_triton(k_cache, slots, delta_t, check_rope_dims(rope_dims), theta)

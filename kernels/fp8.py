@@ -1,9 +1,10 @@
-"""FP8 (e4m3) per-row quantization of KV-cache rows, and the e4m3 grid rounding the kernels share.
+"""FP8 (e4m3) per-row quantization, and the e4m3 grid rounding the kernels share.
 
-Why: the ring KV cache stores K and V once, at write time, as ``torch.float8_e4m3fn`` with one
-float32 scale per row (row = one token's one head, ``D`` values). Attention then reads the cache
-as it is. This module holds the float32 reference of that quantization (used by the model's
-baseline mode and as the twin of the Triton kernels) and ``round_to_e4m3_grid``.
+Why: the FP8 GEMMs take their operands as ``torch.float8_e4m3fn`` rows with one float32 scale per
+row (an activation row: one token, ``K`` values; a weight row: one output channel), and the
+baseline cache quantizes its K/V rows (one token's one head, ``D`` values) the same way per call.
+This module holds the float32 reference of that quantization (the twin of the Triton kernels in
+kernels/fused_quant.py and kernels/split_kv.py) and ``round_to_e4m3_grid``.
 
 Quantization of a row ``x[D]``::
 

@@ -26,9 +26,8 @@ def prefer_static_gemm_schedule() -> str:
 
     Why: with torch's default workspace cuBLASLt picks FP8 kernels with a dynamic tile scheduler whose counter
     is zeroed by a memset before every GEMM; without a workspace it picks the same tiles with a static schedule
-    ("ssched" in the kernel name) and no memset. Measured on an H200 at the 57b TP=4 shapes (bench/gpu_tune.py,
-    bench/results/tune_57b_tp4_rank0_h200_2026-11-29_sixth.json): 4 of the 5 memset graph nodes per layer-pass
-    gone, the four GEMMs 1-2 µs faster each, the chunk step ~2 ms faster."""
+    ("ssched" in the kernel name) and no memset, so each GEMM is one graph node instead of two
+    (docs/ARCHITECTURE.md, "GEMM algorithms", gives the measured gain)."""
     return os.environ.setdefault(CUBLASLT_WORKSPACE_ENV, "0")
 
 

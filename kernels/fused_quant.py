@@ -377,8 +377,8 @@ if triton is not None:
 # ---- launch configuration ----------------------------------------------------------------------------------
 # (rows_per_program, block_k, num_warps) per kernel. block_k 0 = the whole row in one tile (next_pow2(K));
 # num_warps 0 = the default rule `_warps(rows_per_program · block_k)`. The values are the fastest correct
-# configurations of the H200 sweep at the 57b TP=4 shapes (`bench/gpu_tune.py --parts kernels`: 17 configurations
-# per kernel, each timed inside a CUDA graph; the figures are in docs/BENCHMARKS.md): one pass over the whole row.
+# configurations of a sweep at the 57b TP=4 shapes (K = 8192, 2048, 6912; 757 rows), each configuration timed
+# inside a CUDA graph (docs/ARCHITECTURE.md, "Row kernels"): one pass over the whole row.
 DEFAULT_CONFIGS: dict[str, tuple[int, int, int]] = {
     "ln_mod_quant": (2, 0, 16),
     "residual_ln_mod_quant": (1, 0, 8),

@@ -1,44 +1,36 @@
-"""From the fused QKV projection to the ring in one pass: q/k RMSNorm, RoPE of q and k, FP8 + ring write of
-k and v, and (optionally) the ring's read image.
+"""From the fused QKV projection to the ring in one pass: q/k RMSNorm, RoPE of q and k, and the rotated k and
+v rows into the ring at the chunk's slots. The one kernel that writes the served ring; `qkv_ring_write_ref` is
+its float32 twin.
 
-Why: between the QKV GEMM and attention the engine used to run three kernels — q/k-norm + RoPE(q)
-(kernels/qk_norm_rope.py, writing q_rot and a normalized k), the ring write (kernels/cache_write.py:
-RoPE(k) at the token's position, FP8, scatter) and the image refresh (kernels/ring_image.py). Profiled on
-an H200 at 57b TP=4 the ring write alone took 65 µs per call (15.6 ms of a 134 ms chunk): it computes
-sin/cos per (token, head, pair) and stores FP8 bytes at a stride of two (even/odd halves). Here one
-program per token reads its q, k, v rows once as contiguous [heads, D] tiles, splits the adjacent pairs
-in registers, rotates q and k with the chunk's cos/sin (computed once per chunk, shared with q), and
-writes each head row of the ring contiguously.
+Why one pass: between the QKV GEMM and attention the work is per token and per head row — normalize, rotate,
+store — so one program per token reads its q, k, v rows once as contiguous [heads, D] tiles, splits the
+adjacent pairs in registers, rotates q and k with the chunk's cos/sin (computed once per chunk, shared by q and
+k) and writes each head row of the ring contiguously. Why a bf16 ring: attention (cuDNN SDPA) reads bf16 keys
+and values, so a bf16 ring is its own read image — nothing is dequantized or refreshed — and K/V are rounded
+once, to bf16 (docs/ARCHITECTURE.md, "The ring KV cache").
 
 Shapes: qkv [N, 3·H·D] (q heads | k heads | v heads, bf16/fp32, contiguous rows); q_weight, k_weight [D];
 cos, sin [N, D/2] float32 (adjacent-pair convention of vivant.kernels.rope); slots [N] int64 (distinct);
-ring k_cache, v_cache [S, H, D] float8_e4m3fn, k_scale, v_scale [S, H] float32, contiguous; images
-[S, H, D] bf16 (or None). Returns q_rot [N, H, D] in qkv's dtype. A bf16 ring (k_cache, v_cache bf16, no images:
-the ring is its own read image) stores the rotated k and v rows rounded to bf16, with scale 1.
-Per token: reads 3·H·D values, writes H·D (q_rot) + 2·H·D bytes (FP8) + 4·H·D bytes (images).
-
-FP8 rows follow vivant.kernels.fp8 (scale = max(amax, 1e-8)/448, IEEE division, round to nearest even; a
-NaN in a row gives a NaN scale); image = bf16(fp8 value · scale), the same value ring_image writes.
-`qkv_ring_write_ref` is the float32 twin. Differences from the three-kernel path: k stays float32 between
-its norm and its rotation (no bf16 rounding in between), and k uses the torch-computed cos/sin of q.
+ring k_cache, v_cache [S, H, D] bfloat16, contiguous. Returns q_rot [N, H, D] in qkv's dtype. Per token: reads 3·H·D values, writes H·D (q_rot) +
+2·H·D bf16 values. The twin keeps k in float32 between its norm and its rotation and rounds to bf16 once.
 """
 
 from __future__ import annotations
 
 import torch
 from vivant.kernels.backend import pdl_launch, use_triton
-from vivant.kernels.cache_write import check_cache, check_slots
-from vivant.kernels.fp8 import FP8_DTYPE, quantize_rows_ref
+from vivant.kernels.ring_checks import check_cache, check_slots
 
 try:
     import triton
     import triton.language as tl
     from triton.language.extra.cuda import gdc_wait
-    from vivant.kernels.cache_write import bf16_grid_tl
-    from vivant.kernels.fp8 import e4m3_grid_tl, to_e4m3_tl
     from vivant.kernels.qk_norm_rope import rms_heads_tl, rope_pairs_tl
+    from vivant.kernels.ring_checks import bf16_grid_tl
 except ImportError:  # pragma: no cover
     triton = None
+
+RING_DTYPE = torch.bfloat16
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -51,65 +43,35 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
 
 
-def qkv_ring_write_ref(qkv, q_weight, k_weight, cos, sin, slots, k_cache, v_cache, k_scale, v_scale, heads: int,
-                       eps: float = 1e-6, *, k_image=None, v_image=None) -> torch.Tensor:
+def qkv_ring_write_ref(qkv, q_weight, k_weight, cos, sin, slots, k_cache, v_cache, heads: int,
+                       eps: float = 1e-6) -> torch.Tensor:
+    """Float32 twin of `qkv_ring_write`: the rotated k and the v rows rounded once to the ring's dtype."""
     n, d = qkv.shape[0], q_weight.shape[0]
     q, k, v = qkv.float().view(n, 3, heads, d).unbind(1)
     c, s = cos.float(), sin.float()
     q_rot = _rotate(_rms(q, q_weight.float(), eps), c, s)
     k_rot = _rotate(_rms(k, k_weight.float(), eps), c, s)
-    for rows, cache, scale, image in ((k_rot, k_cache, k_scale, k_image), (v, v_cache, v_scale, v_image)):
-        if cache.dtype != FP8_DTYPE:
-            cache[slots] = rows.to(cache.dtype)
-            scale[slots] = 1.0
-            continue
-        codes, sc = quantize_rows_ref(rows)
-        cache.view(torch.uint8)[slots] = codes.view(torch.uint8)  # index_put on float8 is not implemented everywhere
-        scale[slots] = sc
-        if image is not None:
-            image[slots] = (codes.float() * sc[..., None]).to(image.dtype)
+    k_cache[slots] = k_rot.to(k_cache.dtype)
+    v_cache[slots] = v.to(v_cache.dtype)
     return q_rot.to(qkv.dtype)
 
 
 if triton is not None:
 
     @triton.jit
-    def _fp8_head_rows(x, row_ptrs, scale_ptrs, img_ptrs, hm, IMAGE: tl.constexpr, HW_CAST: tl.constexpr,
-                       FP8: tl.constexpr = True):
-        """Quantize [BLOCK_H, D] float32 rows (one scale per head row), store codes, scales and the image.
-        HW_CAST: x·(1/scale) and the hardware e4m3 / bf16 conversions (compiled GPU code); otherwise the
-        twin's IEEE division and float32 grid rounding (the interpreter's own casts are wrong).
-        FP8 off (a bf16 ring): store the rows in the ring's dtype with scale 1 (round to nearest even)."""
-        if not FP8:
-            tl.store(scale_ptrs, tl.full(hm.shape, 1.0, tl.float32), mask=hm)
-            if HW_CAST:
-                tl.store(row_ptrs, x.to(row_ptrs.dtype.element_ty), mask=hm[:, None])
-            else:
-                tl.store(row_ptrs, bf16_grid_tl(x).to(row_ptrs.dtype.element_ty), mask=hm[:, None])
-            return
-        amax = tl.max(tl.abs(x), axis=1)
-        nans = tl.sum((x != x).to(tl.int32), axis=1)
-        amax = tl.where(nans > 0, float("nan"), tl.maximum(amax, 1e-8))
-        scale = tl.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
-        tl.store(scale_ptrs, scale, mask=hm)
+    def _store_head_rows(x, row_ptrs, hm, HW_CAST: tl.constexpr):
+        """Store [BLOCK_H, D] float32 rows in the ring's dtype (round to nearest even). HW_CAST: the hardware
+        conversion (compiled GPU code); otherwise round on the bf16 grid first (the interpreter's own cast
+        truncates)."""
         if HW_CAST:
-            codes = (x * (1.0 / scale)[:, None]).to(tl.float8e4nv)
-            tl.store(row_ptrs, codes, mask=hm[:, None])
-            if IMAGE:
-                img = codes.to(tl.float32) * scale[:, None]
-                tl.store(img_ptrs, img.to(img_ptrs.dtype.element_ty), mask=hm[:, None])
+            tl.store(row_ptrs, x.to(row_ptrs.dtype.element_ty), mask=hm[:, None])
         else:
-            y = tl.div_rn(x, scale[:, None])
-            tl.store(row_ptrs, to_e4m3_tl(y), mask=hm[:, None])
-            if IMAGE:
-                img = bf16_grid_tl(e4m3_grid_tl(y) * scale[:, None])  # round to nearest even, then an exact cast
-                tl.store(img_ptrs, img.to(img_ptrs.dtype.element_ty), mask=hm[:, None])
+            tl.store(row_ptrs, bf16_grid_tl(x).to(row_ptrs.dtype.element_ty), mask=hm[:, None])
 
     @triton.jit
-    def _qkv_ring_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, slot_ptr, q_out, kc_ptr, vc_ptr, ks_ptr, vs_ptr,
-                         ki_ptr, vi_ptr, stride_tok, H, eps, D: tl.constexpr, BLOCK_H: tl.constexpr,
-                         IMAGE: tl.constexpr, HW_CAST: tl.constexpr, PDL: tl.constexpr = False,
-                         FP8: tl.constexpr = True):
+    def _qkv_ring_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, slot_ptr, q_out, kc_ptr, vc_ptr, stride_tok, H,
+                         eps, D: tl.constexpr, BLOCK_H: tl.constexpr, HW_CAST: tl.constexpr,
+                         PDL: tl.constexpr = False):
         if PDL:  # programmatic dependent launch: nothing is read or written before the predecessor is done
             gdc_wait()
         tok = tl.program_id(0)
@@ -131,11 +93,11 @@ if triton is not None:
         tl.store(q_out + tok * H * D + offs, q_rot.to(q_out.dtype.element_ty), mask=hm[:, None])
         k_rot = rope_pairs_tl(rms_heads_tl(k, kw, D, eps), c, s, BLOCK_H, D)
         ring = slot * H * D + offs  # [S, H, D] contiguous: the slot's H·D values are one run
-        _fp8_head_rows(k_rot, kc_ptr + ring, ks_ptr + slot * H + hh, ki_ptr + ring, hm, IMAGE, HW_CAST, FP8)
-        _fp8_head_rows(v, vc_ptr + ring, vs_ptr + slot * H + hh, vi_ptr + ring, hm, IMAGE, HW_CAST, FP8)
+        _store_head_rows(k_rot, kc_ptr + ring, hm, HW_CAST)
+        _store_head_rows(v, vc_ptr + ring, hm, HW_CAST)
 
 
-def _check(qkv, q_weight, k_weight, cos, sin, slots, k_cache, v_cache, k_scale, v_scale, heads, k_image, v_image):
+def _check(qkv, q_weight, k_weight, cos, sin, slots, k_cache, v_cache, heads):
     d = q_weight.shape[0] if q_weight.dim() == 1 else -1
     if q_weight.dim() != 1 or k_weight.shape != q_weight.shape:
         raise ValueError(f"qkv_ring_write: q_weight and k_weight must be [D], got {tuple(q_weight.shape)} and "
@@ -146,54 +108,37 @@ def _check(qkv, q_weight, k_weight, cos, sin, slots, k_cache, v_cache, k_scale, 
                          f"{tuple(qkv.shape)} strides {tuple(qkv.stride())}")
     if cos.shape != (n, d // 2) or sin.shape != (n, d // 2):
         raise ValueError(f"qkv_ring_write: cos/sin must be [{n}, {d // 2}], got {tuple(cos.shape)}/{tuple(sin.shape)}")
-    if k_cache.dtype not in (FP8_DTYPE, torch.bfloat16) or v_cache.dtype != k_cache.dtype:
-        raise TypeError(f"qkv_ring_write: the ring must be {FP8_DTYPE} or torch.bfloat16 (both alike), got "
+    if k_cache.dtype != RING_DTYPE or v_cache.dtype != RING_DTYPE:
+        raise TypeError(f"qkv_ring_write: the ring must be {RING_DTYPE} (k_cache and v_cache), got "
                         f"{k_cache.dtype}/{v_cache.dtype}")
-    if k_cache.dtype != FP8_DTYPE and k_image is not None:
-        raise ValueError("qkv_ring_write: a bf16 ring is its own read image: pass no k_image/v_image")
-    check_cache(k_cache, v_cache, k_scale, v_scale)  # shapes, dtypes, devices of the ring (as write_kv checks)
+    check_cache(k_cache, v_cache)  # shapes, dtypes, devices of the ring
     if k_cache.shape[1:] != (heads, d):
         raise ValueError(f"qkv_ring_write: k_cache must be [S, {heads}, {d}], got {tuple(k_cache.shape)}")
-    if (k_image is None) != (v_image is None):
-        raise ValueError("qkv_ring_write: pass both k_image and v_image, or neither")
-    for name, img in (("k_image", k_image), ("v_image", v_image)):
-        if img is not None and (img.shape != k_cache.shape or img.dtype != torch.bfloat16 or not img.is_contiguous()):
-            raise ValueError(f"qkv_ring_write: {name} must be contiguous bf16 {tuple(k_cache.shape)}, got {img.dtype} "
-                             f"{tuple(img.shape)}")
-    tensors = [cos, sin, k_cache, q_weight, k_weight] + [t for t in (k_image, v_image) if t is not None]
-    if any(t.device != qkv.device for t in tensors):
+    if any(t.device != qkv.device for t in (cos, sin, k_cache, q_weight, k_weight)):
         raise ValueError(f"qkv_ring_write: every tensor must be on qkv's device {qkv.device}")
     check_slots(slots, n, k_cache.shape[0], k_cache.device)  # dtype, shape; range and distinctness on CPU
 
 
 def qkv_ring_write(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor,
-                   sin: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                   k_scale: torch.Tensor, v_scale: torch.Tensor, heads: int, eps: float = 1e-6, *,
-                   k_image: torch.Tensor | None = None, v_image: torch.Tensor | None = None,
-                   backend: str = "auto", exact_rounding: bool = False, pdl: bool = False) -> torch.Tensor:
-    """Normalize and rotate q and k, write k and v into the ring at `slots` (FP8 and the image, or bf16); returns q_rot.
-    exact_rounding: on a GPU, quantize with the twin's IEEE division + grid rounding instead of x·(1/scale) and
-    the hardware conversion (codes then differ by at most one e4m3 step, where the two straddle a midpoint).
+                   sin: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int, eps: float = 1e-6, *,
+                   backend: str = "auto", pdl: bool = False) -> torch.Tensor:
+    """Normalize and rotate q and k, write the rotated k and v into the bf16 ring at `slots`; returns q_rot.
     pdl: programmatic dependent launch on a Hopper GPU (vivant.kernels.backend.pdl_launch); ignored elsewhere."""
-    _check(qkv, q_weight, k_weight, cos, sin, slots, k_cache, v_cache, k_scale, v_scale, heads, k_image, v_image)
+    _check(qkv, q_weight, k_weight, cos, sin, slots, k_cache, v_cache, heads)
     d = q_weight.shape[0]
     if d & (d - 1) and backend == "triton":
         raise ValueError(f"qkv_ring_write: the Triton kernel needs a power-of-two head_dim, got {d}")
     if d & (d - 1) or not use_triton("qkv_ring_write", backend, qkv.device):
-        return qkv_ring_write_ref(qkv, q_weight, k_weight, cos, sin, slots, k_cache, v_cache, k_scale, v_scale, heads,
-                                  eps, k_image=k_image, v_image=v_image)
-    if not all(t.is_contiguous() for t in (k_cache, v_cache, k_scale, v_scale)):
-        raise ValueError("qkv_ring_write: the ring and its scales must be contiguous")
+        return qkv_ring_write_ref(qkv, q_weight, k_weight, cos, sin, slots, k_cache, v_cache, heads,
+                                  eps)
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("qkv_ring_write: the ring must be contiguous")
     n = qkv.shape[0]
     q_out = torch.empty(n, heads, d, dtype=qkv.dtype, device=qkv.device)
     if n == 0:
         return q_out
-    image = k_image is not None
-    ki, vi = (k_image, v_image) if image else (k_cache, v_cache)  # unused pointers when IMAGE is off
     extra = dict(PDL=True, launch_pdl=True) if pdl_launch(pdl, qkv.device) else {}
     _qkv_ring_kernel[(n,)](qkv, q_weight, k_weight, cos.contiguous().float(), sin.contiguous().float(), slots, q_out,
-                           k_cache, v_cache, k_scale, v_scale, ki, vi, qkv.stride(0), heads, eps, D=d,
-                           BLOCK_H=triton.next_power_of_2(heads), IMAGE=image,
-                           HW_CAST=qkv.is_cuda and not exact_rounding, FP8=k_cache.dtype == FP8_DTYPE, num_warps=4,
-                           **extra)
+                           k_cache, v_cache, qkv.stride(0), heads, eps, D=d,
+                           BLOCK_H=triton.next_power_of_2(heads), HW_CAST=qkv.is_cuda, num_warps=4, **extra)
     return q_out

@@ -1,7 +1,7 @@
 """3D rotary position embedding (t, h, w bands) — the float32 torch reference.
 
 Why: the DiT rotates queries and keys by each token's (t, h, w) position. In the ring cache, keys
-are rotated once, at write time (``cache_write``), and at a position reset only the temporal band
+are rotated once, at write time (``qkv_ring``), and at a position reset only the temporal band
 of cached keys is rotated back (``delta_rotate``). Both kernels follow the conventions here; these
 functions are also what the model's baseline mode uses.
 

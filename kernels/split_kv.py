@@ -1,22 +1,19 @@
-"""Split-KV attention over the ring's read image: the keys cut into `splits` equal parts that one SDPA call
+"""Split-KV attention over the bf16 ring: the keys cut into `splits` equal parts that one SDPA call
 takes as a batch, then one kernel that combines the partial outputs by their log-sum-exp.
 
 Why: at 57b TP=4 one attention call is 757 queries × 16 heads over 5,788 keys. By its kernel name cuDNN's
 SDPA tiles 64 queries per CTA: 12 × 16 = 192 CTAs for 132 SMs, 1.45 waves, so about a quarter of the
 machine idles in the second wave. With the keys in P parts batched into one call the same work comes as
 P·192 shorter CTAs. The parts' outputs o_i [N, D] and log-sum-exps l_i (natural log of Σ exp(scaled logits))
-combine exactly: out = Σ_i exp(l_i − m)·o_i / Σ_i exp(l_i − m), m = max_i l_i. Measured on H200s
-(bench/gpu_tune.py, docs/BENCHMARKS.md): 4 parts take the step's attention from 22.3 to 19.4 ms per chunk and
-the chunk ~0.5 ms faster after the combine; 2 parts gain nothing. The engine picks P with
-vivant.worker.model.fast_parts.auto_kv_splits.
+combine exactly: out = Σ_i exp(l_i − m)·o_i / Σ_i exp(l_i − m), m = max_i l_i. The engine picks P with
+vivant.worker.model.fast_parts.auto_kv_splits (docs/ARCHITECTURE.md, "Split-KV attention", gives the gain).
 
-Shapes: q [N, H, D]; images k, v [S, H, D] (S divisible by `splits`); partial outputs o [splits, H, N, D]
+Shapes: q [N, H, D]; the ring's k, v [S, H, D] (S divisible by `splits`); partial outputs o [splits, H, N, D]
 (any strides), lse [splits, H, N] float32; out [N, H, D] in q's dtype. The combine reads splits·N·H·(D·2 + 4)
 bytes and writes N·H·D·2. `combine_splits_ref` is its float32 twin.
 
 The engine's form, `split_kv_attention_fp8(q_parts, k, v)`, takes the queries per part as q_parts [P, H, N, D],
-a stride-0 expand view of q (cuDNN reads it as given: bit-equal to a copied q and faster on the H200, so no
-copy kernel runs), and fuses the O projection's input quantization into the combine: one program per token
+a stride-0 expand view of q (cuDNN reads it as given, bit-equal to a copied q, so no copy kernel runs), and fuses the O projection's input quantization into the combine: one program per token
 combines its H·D values, rounds them to q's dtype and writes FP8 codes [N, H·D] with one float32 scale per
 token — exactly quant_rows of the unfused combine's output (`combine_quant_ref` is that twin). One kernel
 instead of the combine + quant_rows.
@@ -32,8 +29,8 @@ try:
     import triton
     import triton.language as tl
     from triton.language.extra.cuda import gdc_wait
-    from vivant.kernels.cache_write import bf16_grid_tl
     from vivant.kernels.fused_quant import _absmax, _row_scale, _store_fp8_tile
+    from vivant.kernels.ring_checks import bf16_grid_tl
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -159,7 +156,7 @@ def split_kv_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, splits: int
     if S % splits:
         raise ValueError(f"split_kv_sdpa: splits = {splits} must divide the slot count S = {S}")
     if not (k.is_contiguous() and v.is_contiguous()):
-        raise ValueError("split_kv_sdpa: k and v must be contiguous [S, H, D] (the read image is)")
+        raise ValueError("split_kv_sdpa: k and v must be contiguous [S, H, D] (a layer of the ring is)")
     scale = sm_scale if sm_scale is not None else D ** -0.5
     qb = q.transpose(0, 1).unsqueeze(0).expand(splits, H, N, D)  # [P, H, N, D], a stride-0 view of q
     kb = k.view(splits, S // splits, H, D).permute(0, 2, 1, 3)  # [P, H, S/P, D], a view of the image
@@ -219,7 +216,7 @@ def split_kv_attention_fp8(q_parts: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if S % P:
         raise ValueError(f"split_kv_attention_fp8: the {P} parts must divide the slot count S = {S}")
     if not (k.is_contiguous() and v.is_contiguous()):
-        raise ValueError("split_kv_attention_fp8: k and v must be contiguous [S, H, D] (the read image is)")
+        raise ValueError("split_kv_attention_fp8: k and v must be contiguous [S, H, D] (a layer of the ring is)")
     scale = sm_scale if sm_scale is not None else D ** -0.5
     kb = k.view(P, S // P, H, D).permute(0, 2, 1, 3)
     vb = v.view(P, S // P, H, D).permute(0, 2, 1, 3)

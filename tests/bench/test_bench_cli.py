@@ -55,10 +55,10 @@ def test_only_the_chosen_bench_is_imported(monkeypatch):
 
 
 def test_step_refuses_an_ablation_option_without_the_ablation():
-    """`vivant bench step` times the served engine; `--ring` chooses the ablation rows' ring only, so it is refused,
+    """`vivant bench step` times the served engine; `--ablation-rows` chooses ablation rows only, so it is refused,
     by name, before anything is built."""
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
-    args = parser.parse_args(["step", "--preset", "tiny", "--ring", "fp8"])
-    with pytest.raises(SystemExit, match="--ring applies to --ablation only"):
+    args = parser.parse_args(["step", "--preset", "tiny", "--ablation-rows", "bf16_gemms"])
+    with pytest.raises(SystemExit, match="--ablation-rows applies to --ablation only"):
         cli.run(args)

@@ -1,7 +1,7 @@
 """Shared helpers of the engine tests in tests/core: the audio each chunk gets, a run of chunks, relative RMS.
 
 One definition for the tests that compare engine variants on the tiny preset (test_engine_parts_cpu.py,
-test_engine_ablation_parts_cpu.py), so their runs stay comparable.
+test_ablation_parts_cpu.py, test_engine_options_cpu.py), so their runs stay comparable.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 from vivant.bench import step
-from vivant.bench.ablation import ROWS, variant_options
+from vivant.bench.ablation import ROWS, VARIANT_ROWS, variant_options
 from vivant.worker.model.options import EngineOptions
 
 
@@ -47,20 +47,21 @@ def test_each_row_undoes_exactly_one_choice(doc):
     rows = {r["row"]: r for r in doc["rows"]}
     opt = rows["optimized"]["options"]
     assert rows["baseline"]["options"] is None
-    for name in ("whole_window", "bf16_gemm", "unfused_norm", "residual_after_gemm"):  # no_cuda_graphs, no_split_kv,
-        # heuristic_gemm: optimized on CPU
-        diff = {k for k, v in rows[name]["options"].items() if opt[k] != v}
-        assert len(diff) == 1, f"{name} differs from optimized in {diff}"
+    for name in VARIANT_ROWS:  # the optimized options with the variant's parts swapped in
+        assert rows[name]["options"] == {**opt, "variant": name}, f"{name}: {rows[name]['options']} vs {opt}"
+    diff = {k for k, v in rows["residual_after_gemm"]["options"].items() if opt[k] != v}
+    assert diff == {"residual_in_gemm"}, f"residual_after_gemm differs from optimized in {diff}"
+    # no_cuda_graphs, no_split_kv, heuristic_gemm: the optimized options on a CPU
 
 
 def test_variant_options_on_a_gpu_differ_by_one_field():
     served = EngineOptions.served("cuda").replace(kv_splits=4)
-    fields = ("cache_policy", "gemm", "fused_norm", "cuda_graphs", "kv_splits", "gemm_algorithms", "residual_in_gemm")
+    fields = ("cuda_graphs", "kv_splits", "gemm_algorithms", "residual_in_gemm")
     for name, options in variant_options(served).items():
         if options is None or name == "optimized":
             continue
         diff = [f for f in fields if getattr(options, f) != getattr(served, f)]
-        assert len(diff) == 1, f"{name}: differs in {diff}"
+        assert len(diff) == (0 if name in VARIANT_ROWS else 1), f"{name}: differs in {diff}"
 
 
 def test_document_fields(doc):
@@ -93,24 +94,24 @@ def test_memory_counts_on_cpu_tensors():
         getattr(m, n).weight.shape[0] for b in model.blocks for m, n in
         ((b.attn, "qkv"), (b.attn, "o"), (b.mlp, "gate_up"), (b.mlp, "down")))
     assert engine_weight_bytes(fp8) == want, "FP8 weights: 1 byte per value plus a float32 scale per output channel"
-    gen = ChunkGenerator(cfg, mode="optimized", model=model, seed=0)
+    gen = ChunkGenerator(cfg, mode="optimized", model=model, seed=0)  # the float parts: a float32 ring
     c = cache_bytes(gen.cache)
     s, h, d, layers = cfg.cache_slots, cfg.n_heads, cfg.head_dim, cfg.n_layers
-    assert c["ring_bytes"] == 2 * layers * s * h * (d + 4) + s * 3 * 8, c
-    assert c["read_image_bytes"] == 0 and c["whole_window_bytes"] == 0 and c["undo_log_bytes"] == 0, c
+    assert c == {"ring_bytes": 2 * layers * s * h * d * 4, "whole_window_bytes": 0, "undo_log_bytes": 0}, c
     gen.generate_chunk(np.zeros(cfg.chunk_sample_range(0)[1], dtype=np.float32), cfg.audio_sample_rate)
     gen.generate_chunk(np.zeros(cfg.chunk_sample_range(1)[1] - cfg.chunk_sample_range(1)[0], dtype=np.float32),
                        cfg.audio_sample_rate)
-    entry = gen.cache.rewind_chunks * 2 * layers * cfg.tokens_per_chunk * h * (d + 4)  # K, V codes and scales
+    entry = gen.cache.rewind_chunks * 2 * layers * cfg.tokens_per_chunk * h * d * 4  # K and V rows
     assert cache_bytes(gen.cache)["undo_log_bytes"] == entry, "the undo log's chunk entries, once allocated"
-    gen.cache.enable_read_image(torch.bfloat16)
-    assert cache_bytes(gen.cache)["read_image_bytes"] == 2 * layers * s * h * d * 2, "a separate bf16 image"
-    bf16_ring = ChunkGenerator(cfg, mode="optimized", seed=0, model=model,
-                               options=EngineOptions(fp8=True, attention="image", ring="bf16")).cache
-    bf16_ring.enable_read_image(torch.bfloat16)
-    c = cache_bytes(bf16_ring)
-    assert c["read_image_bytes"] == 0, "a bf16 ring is its own image: not counted twice"
-    assert c["ring_bytes"] == 2 * layers * s * h * (2 * d + 4) + s * 3 * 8, c
+    served = ChunkGenerator(cfg, mode="optimized", seed=0, model=model, options=EngineOptions(fp8=True)).cache
+    assert cache_bytes(served)["ring_bytes"] == 2 * layers * s * h * d * 2, "the served ring: bf16 K and V"
+    from vivant.bench.ablation_parts import WholeWindowCache
+
+    window = WholeWindowCache.adopt(served)
+    window.enable_whole_window(torch.float32)
+    c = cache_bytes(window)
+    assert c["ring_bytes"] == 2 * layers * s * h * d * 2 + s * 3 * 8, "the ring and the slot positions"
+    assert c["whole_window_bytes"] == 2 * layers * s * h * d * 4 + 2 * s * (d // 2) * 4, c
 
 
 def test_the_doc_renderer_takes_the_harness_output(doc):
@@ -218,16 +219,3 @@ def test_a_failing_row_is_reported_and_a_compiled_row_retries_without_graphs(mon
     assert ww["options"]["cuda_graphs"] is False and math.isfinite(ww["ms"])
     for name in ("baseline", "optimized", "bf16_gemm", "no_cuda_graphs", "no_split_kv"):
         assert "error" not in rows[name] and math.isfinite(rows[name]["ms"]), rows[name]
-
-
-
-def test_ring_argument_sets_every_rows_ring(tmp_path):
-    out = tmp_path / "r.json"
-    parser = argparse.ArgumentParser()
-    step.add_arguments(parser)
-    args = parser.parse_args(["--preset", "tiny", "--device", "cpu", "--ablation", "--chunks", "1", "--warmup", "0",
-                              "--ring", "fp8", "--out", str(out), "--json"])
-    assert step.run(args) == 0
-    d = json.loads(out.read_text())
-    assert d["ring"] == "fp8" and d["command"].endswith("--ring fp8")
-    assert {r["options"]["ring"] for r in d["rows"] if r["options"]} == {"fp8"}

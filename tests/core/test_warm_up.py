@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from vivant.worker.model.config import ModelConfig
-from vivant.worker.model.engine import build_generator
+from vivant.worker.model.generator import build_generator
 from vivant.worker.model.options import EngineName
 
 CFG = ModelConfig.from_name("tiny")

@@ -16,11 +16,10 @@ from collections import Counter
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from vivant.kernels import cache_write, delta_rotate, fused_quant, qkv_ring, split_kv
+from vivant.kernels import delta_rotate, fused_quant, qkv_ring, split_kv
 
 TARGET = GPUTarget("cuda", 90, 32)
-# The 57b head: D=128, rope_dims (44, 42, 42) -> 64 pairs, 22 t-band pairs, 43 t+h pairs.
-WRITE_CONST = {"HALF": 64, "DT2": 22, "DTH2": 43, "BLOCK_N": 16, "BLOCK_P": 64}
+# The 57b head: D=128, rope_dims (44, 42, 42) -> 64 pairs, 22 t-band pairs.
 ROTATE_CONST = {"HALF": 64, "DT2": 22, "BLOCK_M": 16, "BLOCK_P": 64}
 INSTRUCTIONS = re.compile(r"^\s*((?:div|cvt|sin|cos)\.[\w.]+)", re.M)
 
@@ -64,40 +63,24 @@ def main() -> int:
         fused_quant._residual_ln_mod_quant_kernel, row_types,
         {"ROWS": 1, "BLOCK_K": 8192, "ONE_TILE": True, "HW_CAST": True, "PDL": True})
     ring_types = {"qkv_ptr": "*bf16", "qw_ptr": "*bf16", "kw_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
-                  "slot_ptr": "*i64", "q_out": "*bf16", "kc_ptr": "*fp8e4nv", "vc_ptr": "*fp8e4nv", "ks_ptr": "*fp32",
-                  "vs_ptr": "*fp32", "ki_ptr": "*bf16", "vi_ptr": "*bf16", "stride_tok": "i32", "H": "i32",
-                  "eps": "fp32"}
+                  "slot_ptr": "*i64", "q_out": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "stride_tok": "i32",
+                  "H": "i32", "eps": "fp32"}
     combine_types = {"o_ptr": "*bf16", "lse_ptr": "*fp32", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "H": "i32",
                      "so_p": "i32", "so_h": "i32", "so_n": "i32", "sl_p": "i32", "sl_h": "i32"}
     report["pdl combine_quant"] = pdl_report(
         split_kv._combine_quant_kernel, combine_types,
         {"SPLITS": 4, "BLOCK_H": 16, "D": 128, "OUT_DTYPE": triton.language.bfloat16, "HW_CAST": True, "PDL": True})
     report["pdl qkv_ring"] = pdl_report(qkv_ring._qkv_ring_kernel, ring_types,
-                                        {"D": 128, "BLOCK_H": 16, "IMAGE": True, "HW_CAST": True, "PDL": True,
-                                         "FP8": True})
-    bf16_ring = {**ring_types, "kc_ptr": "*bf16", "vc_ptr": "*bf16"}  # the served ring: its own image, no FP8
-    report["pdl qkv_ring bf16 ring"] = pdl_report(qkv_ring._qkv_ring_kernel, bf16_ring,
-                                                  {"D": 128, "BLOCK_H": 16, "IMAGE": False, "HW_CAST": True,
-                                                   "PDL": True, "FP8": False})
-    for tokens, pos, cache, fp8 in (
-        ("*bf16", "*i64", "*fp8e4nv", True),
-        ("*fp32", "*i32", "*fp32", False),
-        ("*bf16", "*i64", "*bf16", False),
-    ):
-        ptx = compile_kernel(
-            cache_write._write_kv_kernel,
-            {"k_ptr": tokens, "v_ptr": tokens, "pos_ptr": pos, "slot_ptr": "*i64", "inv_freq_ptr": "*fp32",
-             "kc_ptr": cache, "vc_ptr": cache, "ks_ptr": "*fp32", "vs_ptr": "*fp32"},
-            {"N": "i32"},
-            {**WRITE_CONST, "FP8": fp8},
-        )  # fmt: skip
-        report[f"write_kv {tokens[1:]}->{cache[1:]}"] = Counter(INSTRUCTIONS.findall(ptx))
-    for cache, fp8 in (("*fp8e4nv", True), ("*fp32", False)):
+                                        {"D": 128, "BLOCK_H": 16, "HW_CAST": True, "PDL": True})
+    ptx = compile_kernel(qkv_ring._qkv_ring_kernel, {k: v for k, v in ring_types.items() if k not in ("H", "eps")},
+                         {"H": "i32", "eps": "fp32"}, {"D": 128, "BLOCK_H": 16, "HW_CAST": True, "PDL": False})
+    report["qkv_ring bf16"] = Counter(INSTRUCTIONS.findall(ptx))
+    for cache in ("*bf16", "*fp32"):
         ptx = compile_kernel(
             delta_rotate._delta_rotate_kernel,
-            {"kc_ptr": cache, "ks_ptr": "*fp32", "slot_ptr": "*i64", "inv_t_ptr": "*fp32"},
+            {"kc_ptr": cache, "slot_ptr": "*i64", "inv_t_ptr": "*fp32"},
             {"delta": "fp32", "M": "i32"},
-            {**ROTATE_CONST, "FP8": fp8},
+            {**ROTATE_CONST, "ROUND_BF16": cache == "*bf16"},
         )
         report[f"delta_rotate {cache[1:]}"] = Counter(INSTRUCTIONS.findall(ptx))
     json.dump(report, sys.stdout)

@@ -1,4 +1,4 @@
-"""Split-KV attention over the read image (kernels/split_kv.py) and its log-sum-exp combine.
+"""Split-KV attention over the bf16 ring (kernels/split_kv.py) and its log-sum-exp combine.
 
 The combine kernel runs in Triton's interpreter on CPU (TRITON_INTERPRET=1) against its float32 twin on odd
 shapes (H=3, N=37, D=16/32, 2 and 3 parts; partial outputs as a strided view; a part that saw nothing, lse
@@ -15,7 +15,6 @@ import logging
 import pytest
 import torch
 from kernel_compare import assert_close, assert_fp8_rows_match, needs_cuda, needs_triton_cpu
-from vivant.kernels.fp8 import quantize_rows_ref
 from vivant.kernels.fused_quant import quant_rows_ref
 from vivant.kernels.ring_attention import ring_attention, ring_attention_ref
 from vivant.kernels.split_kv import (
@@ -125,27 +124,23 @@ def test_split_sdpa_equals_unsplit(splits, dtype, tol):
 
 
 def _ring(s, h, d, g):
-    k8, ks = quantize_rows_ref(torch.randn(s, h, d, generator=g))
-    v8, vs = quantize_rows_ref(torch.randn(s, h, d, generator=g))
-    img = [(c.float() * sc[..., None]) for c, sc in ((k8, ks), (v8, vs))]
-    return k8, v8, ks, vs, img
+    """A ring of one layer, k and v [S, H, D] (float32: the CPU twins' dtype)."""
+    return torch.randn(s, h, d, generator=g), torch.randn(s, h, d, generator=g)
 
 
 def test_image_backend_kv_splits_changes_nothing_and_falls_back_with_a_reason(caplog):
     g = torch.Generator().manual_seed(7)
     s, h, d = 90, 3, 16
-    k8, v8, ks, vs, (ki, vi) = _ring(s, h, d, g)
+    k, v = _ring(s, h, d, g)
     q = torch.randn(37, h, d, generator=g)
     valid = torch.ones(s, dtype=torch.bool)
-    one = ring_attention(q, k8, v8, ks, vs, valid, backend="image", all_valid=True, k_image=ki, v_image=vi)
-    two = ring_attention(q, k8, v8, ks, vs, valid, backend="image", all_valid=True, k_image=ki, v_image=vi,
-                         kv_splits=2)
-    ref = ring_attention_ref(q, k8, v8, ks, vs, valid)
+    one = ring_attention(q, k, v, valid, backend="image", all_valid=True)
+    two = ring_attention(q, k, v, valid, backend="image", all_valid=True, kv_splits=2)
+    ref = ring_attention_ref(q, k, v, valid)
     assert_close(two, one, rel_rms=1e-5, max_abs=1e-5, what="kv_splits=2 vs 1")
     assert_close(two, ref, rel_rms=1e-5, max_abs=1e-4, what="kv_splits=2 vs reference")
     with caplog.at_level(logging.INFO, logger="vivant.kernels.ring_attention"):
-        seven = ring_attention(q, k8, v8, ks, vs, valid, backend="image", all_valid=True, k_image=ki, v_image=vi,
-                               kv_splits=7)  # 7 does not divide 90
+        seven = ring_attention(q, k, v, valid, backend="image", all_valid=True, kv_splits=7)  # 7 does not divide 90
     assert torch.equal(seven, one), "a split that cannot apply must give the single call's result"
     assert any("does not divide the 90 slots" in r.getMessage() for r in caplog.records), "the fallback was not logged"
 
@@ -164,10 +159,9 @@ class TestBadInput:
 
     def test_ring_attention_kv_splits_named(self):
         g = torch.Generator().manual_seed(0)
-        k8, v8, ks, vs, (ki, vi) = _ring(12, 2, 8, g)
+        k, v = _ring(12, 2, 8, g)
         with pytest.raises(ValueError, match="kv_splits must be an int >= 1"):
-            ring_attention(torch.randn(4, 2, 8), k8, v8, ks, vs, torch.ones(12, dtype=torch.bool), backend="image",
-                           k_image=ki, v_image=vi, kv_splits=0)
+            ring_attention(torch.randn(4, 2, 8), k, v, torch.ones(12, dtype=torch.bool), backend="image", kv_splits=0)
 
     def test_split_attention_fp8_parts_must_divide_the_slots(self):
         with pytest.raises(ValueError, match="the 5 parts must divide the slot count S = 12"):

@@ -22,8 +22,7 @@ from vivant.sessions.flags import FlagStore
 from vivant.sessions.models import WorkerInfo
 from vivant.sessions.registry import Registry
 from vivant.worker.model.config import ModelConfig
-from vivant.worker.model.engine import build_generator
-from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.generator import ChunkGenerator, build_generator
 from vivant.worker.model.model import VideoDiT, init_random_
 from vivant.worker.model.weights import CHECKSUM_KEY, CheckpointError, load_weights, save_weights
 from vivant.worker.serving.service import WorkerService

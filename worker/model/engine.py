@@ -1,11 +1,6 @@
 """What runs a chunk's denoising passes: a `VideoDiT` with the parts `EngineOptions` chose, eagerly or replayed
-from CUDA graphs (`Engine`), and the generator a worker serves with (`build_generator`, `vivant worker --engine`).
-
-  model  EngineOptions.reference(): the float parts — the model as defined, any device and cache mode.
-  fast   EngineOptions.served(device): the FP8 parts (worker/model/fast_parts.py) over the same weights; on CUDA
-         bf16 weights, image attention with split-KV, fast accumulation and CUDA graphs; on a CPU the kernels'
-         float32 twins, eagerly (tests). Needs the optimized (ring) cache.
-  auto   fast on CUDA with the optimized cache, else model.
+from CUDA graphs (`Engine`). The generator a worker serves with is built by `build_generator`
+(worker/model/generator.py, `vivant worker --engine`).
 
 `Engine` adds no forward of its own: eagerly it calls `VideoDiT.forward` (float parts) or `modulation` +
 `denoise`; with `cuda_graphs` it captures `denoise` once per (cache, all-slots-valid) and replays it, every
@@ -18,26 +13,14 @@ level. Chunk 0 (which also writes the sink) and baseline-cache passes run eagerl
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from vivant.worker.model.options import (
-    AttentionBackend,
-    CacheMode,
-    CachePolicy,
-    EngineName,
-    EngineOptions,
-    RingFormat,
-    RowParallelPath,
-    engine_options,
-    parse_choice,
-)
+from vivant.worker.model.fast_parts import install_parts
+from vivant.worker.model.options import CacheMode, EngineOptions, RowParallelPath
 
 if TYPE_CHECKING:
-    from vivant.worker.model.config import ModelConfig
     from vivant.worker.model.fused_tp import FusedMethod
-    from vivant.worker.model.generator import ChunkGenerator
     from vivant.worker.model.kv_cache import KVCache
     from vivant.worker.model.model import VideoDiT
 
@@ -64,8 +47,6 @@ class Engine:
     @classmethod
     def build(cls, model: VideoDiT, options: EngineOptions, *, inplace: bool = False) -> Engine:
         """Install `options`' parts into `model` (or a fork of it, worker/model/fast_parts.py) and wrap it."""
-        from vivant.worker.model.fast_parts import install_parts
-
         return cls(install_parts(model, options, inplace=inplace), options)
 
     @property
@@ -92,13 +73,9 @@ class Engine:
         if not self.options.fp8:
             self.eager_calls += 1
             return self.model(latents, sigma, feats, cache)
-        if cache.mode is CacheMode.OPTIMIZED:
-            want = torch.float8_e4m3fn if self.options.ring is RingFormat.FP8 else torch.bfloat16
-            if cache.k.dtype != want:
-                raise ValueError(f"the FP8 parts with ring = {self.options.ring.value!r} read a {want} ring, got a "
-                                 f"{cache.k.dtype} one (KVCache(fp8=...) / EngineOptions.ring)")
-            if self.options.attention is AttentionBackend.IMAGE and self.options.cache_policy is CachePolicy.RING:
-                cache.enable_read_image(torch.bfloat16)  # the FP8 GEMMs write bf16 q, k, v
+        if cache.mode is CacheMode.OPTIMIZED and cache.k.dtype != torch.bfloat16:
+            raise ValueError(f"the FP8 parts write and read a bf16 ring, got a {cache.k.dtype} one "
+                             "(KVCache(ring_dtype=...))")
         mods, final = self._modulation(sigma)
         step = cache.step
         if not self.options.cuda_graphs or cache.mode is CacheMode.BASELINE or step.writes_sink:
@@ -151,31 +128,3 @@ class Engine:
             out = run()
         log.info("captured a CUDA graph of one denoising pass (%d layers)", self.cfg.n_layers)
         return graph, out
-
-
-def build_generator(cfg: ModelConfig, *, mode: CacheMode | str = CacheMode.OPTIMIZED,
-                    device: str | torch.device = "cpu", seed: int = 0, weights: str | Path | None = None,
-                    engine: EngineName | str = EngineName.AUTO, model: VideoDiT | None = None) -> ChunkGenerator:
-    """A `ChunkGenerator` for `cfg` running the engine `engine` names (module docstring). `model`: already built
-    (e.g. a tensor-parallel shard, worker/model/tp.py); default random weights of the preset (`seed`), or the
-    safetensors checkpoint `weights`."""
-    from vivant.kernels.fp8_gemm import prefer_static_gemm_schedule
-    from vivant.worker.model.generator import ChunkGenerator
-    from vivant.worker.model.model import VideoDiT, init_random_
-    from vivant.worker.model.weights import load_weights
-
-    dev = torch.device(device)
-    mode = parse_choice(CacheMode, mode, "mode")
-    options = engine_options(engine, dev, mode)
-    log.info("engine %s -> %s on %s (mode %s)", EngineName(engine).value, options, dev, mode.value)
-    cuda = dev.type == "cuda"
-    if cuda and options.fp8:  # before the first cuBLASLt GEMM of this process (kernels/fp8_gemm.py says why)
-        log.info("cuBLASLt workspace %s KiB", prefer_static_gemm_schedule())
-    if model is None:
-        model = init_random_(VideoDiT(cfg), seed=seed)
-        if weights is not None:
-            load_weights(model, weights)
-    dtype = torch.bfloat16 if cuda and options.fp8 else torch.float32
-    model = model.to(device=dev, dtype=dtype).eval()
-    return ChunkGenerator(cfg, mode=mode, device=dev, dtype=dtype, seed=seed,
-                          engine=Engine.build(model, options, inplace=True))

@@ -9,12 +9,11 @@ Per block and pass (57b, TP = 4 rank: N = 757 tokens):
                             end to the next block's start, so every GEMM input arrives quantized (`Rows8`)
   qkv, o, gate_up, down     `Fp8Linear`: weights quantized once to e4m3 with one scale per output channel,
                             `fp8_linear` (cuBLASLt `_scaled_mm`, rowwise scales; optional fast accumulation)
-  attn.core                 `Fp8RingAttention`: `KVCache.write_qkv` (q/k RMSNorm, RoPE of q and k, FP8 + ring
-                            write of k and v, the read image — one kernel, chunk 0's sink included), then the
-                            attention (EngineOptions.attention): "image" = cuDNN SDPA over the ring's read
-                            image, in `kv_splits` KV parts with every slot valid (the parts' combine quantizes
-                            the output for the O GEMM, kernels/split_kv.py), "sdpa" = whole-ring dequantization
-                            per call, "torch" = the float32 twin; the output quantized for the O GEMM
+  attn.core                 `Fp8RingAttention`: `KVCache.write_qkv` (q/k RMSNorm, RoPE of q and k, the bf16 ring
+                            write — one kernel, chunk 0's sink included), then the attention
+                            (EngineOptions.attention): "image" = cuDNN SDPA over the ring, in `kv_splits` KV parts
+                            with every slot valid (the parts' combine quantizes the output for the O GEMM,
+                            kernels/split_kv.py), "torch" = the float32 twin; the output quantized for the O GEMM
   mlp.act                   `Fp8SwiGLU`: silu(gate)·up → FP8 rows (kernels/fused_quant.py)
   row_parallel (O, down)    `GemmThenAllReduce` takes the Fp8Linear's `row_parallel_sum`: with
                             EngineOptions.residual_in_gemm a `GatedRowSum` (the product not yet run), which res_norm
@@ -26,25 +25,10 @@ Per block and pass (57b, TP = 4 rank: N = 757 tokens):
                             (bf16) and the fused residual kernel. `FusedGemmAllReduce` across ranks returns its fused
                             product + TP sum (worker/model/fused_tp.py) for the residual kernel.
 
-The ablation's choices (EngineOptions.gemm, o_gemm, fused_norm, cache_policy; docs/ARCHITECTURE.md) swap parts, never a
-branch inside them:
-
-  gemm = bf16               the float projections stay (bf16 GEMMs); res_norm and act are the float parts
-                            (`ResidualNormMod`, `SwiGLUAct`, bf16 out), through `torch.compile` on a GPU when
-                            fused_norm (the Triton kernels only exist in quantizing form); attention's output
-                            stays bf16 (split-KV: `split_kv_sdpa`'s unquantized combine)
-  o_gemm = bf16             (fp8) the O projection keeps its float weights (a bf16 GEMM) and attention's output
-                            stays bf16, as with gemm = bf16; the other three projections stay FP8
-  fused_norm = False        (fp8) the float parts' residual/LayerNorm/modulation and SwiGLU as torch ops, then
-                            `quant_rows`: `UnfusedFp8ResidualNormMod`, `UnfusedFp8SwiGLU`
-  cache_policy = whole_window  `WholeWindowAttention`: q/k RMSNorm + RoPE(q) (kernels/qk_norm_rope.py), the
-                            un-rotated k, v into the window store, the per-call re-rotation (and, for an FP8 ring,
-                            re-quantization) of the whole window (worker/model/whole_window.py), attention over
-                            that image
-
 With a baseline-mode cache (numerics reference only) `Fp8RingAttention` runs the cache's per-call whole-cache
 work in place of the ring write and attention, with the same FP8 GEMMs. On a CPU every kernel runs its float32
-twin (or Triton's interpreter under TRITON_INTERPRET=1), which is how CI checks this path.
+twin (or Triton's interpreter under TRITON_INTERPRET=1), which is how CI checks this path. The ablation's
+variants (bench/ablation_parts.py) subclass or replace these parts on a built engine.
 """
 
 from __future__ import annotations
@@ -58,19 +42,11 @@ import torch.nn as nn
 from vivant.kernels.cublaslt import Fp8Gemm, GemmPlan, tune
 from vivant.kernels.fp8_gemm import fp8_linear, fp8_linear_ref, quantize_weight
 from vivant.kernels.fused_quant import ln_mod_quant, quant_rows, residual_ln_mod_quant, swiglu_quant
-from vivant.kernels.qk_norm_rope import qk_norm_rope
 from vivant.kernels.ring_attention import ring_attention
-from vivant.kernels.split_kv import split_kv_attention_fp8, split_kv_sdpa
+from vivant.kernels.split_kv import split_kv_attention_fp8
 from vivant.worker.model.fused_tp import FusedMethod, fp8_matmul_all_reduce
 from vivant.worker.model.model import keep_gates
-from vivant.worker.model.options import (
-    AttentionBackend,
-    CacheMode,
-    CachePolicy,
-    EngineOptions,
-    GemmAlgorithms,
-    GemmPrecision,
-)
+from vivant.worker.model.options import AttentionBackend, CacheMode, EngineOptions, GemmAlgorithms
 
 if TYPE_CHECKING:
     from vivant.worker.model.kv_cache import KVCache
@@ -90,9 +66,8 @@ def auto_kv_splits(tokens: int, heads: int, slots: int, sms: int, *, q_tile: int
     """KV parts per attention call so that cuDNN's flash kernel (one CTA per q_tile queries × head × part; its
     kernel name at these shapes says 64-query tiles) has at least `waves` CTAs per SM: the smallest such P ≤
     max_splits that divides the slots, else 1. No SMs (CPU): 1. At 57b TP=4 (757 tokens, 16 heads, 5,788 slots,
-    132 SMs) one call is 192 CTAs, 1.45 waves: P = 4 (768 CTAs) measured 3 ms per chunk faster on an H200 and
-    P = 2 no faster (bench/results/tune_57b_tp4_rank0_h200_2026-11-29_*.json); whole-model TP=1 (64 heads, 768
-    CTAs) keeps one call."""
+    132 SMs) one call is 192 CTAs, 1.45 waves, so P = 4 (768 CTAs); whole-model TP=1 (64 heads, 768 CTAs) keeps
+    one call. docs/ARCHITECTURE.md ("Split-KV attention") gives the measured gain."""
     if sms <= 0:
         return 1
     ctas = -(-tokens // q_tile) * heads
@@ -129,9 +104,13 @@ class Fp8Linear(nn.Module):
             raise ValueError("Fp8Linear: the DiT's projections have no bias; got a linear with one")
         return cls(*quantize_weight(linear.weight.data), fast_accum=fast_accum)
 
-    def as_fp8(self, *, fast_accum: bool) -> Fp8Linear:
-        """The same FP8 weights with this fast-accumulation setting (a rank built already quantized)."""
-        return Fp8Linear(self.w8, self.sw, fast_accum=fast_accum)
+    @classmethod
+    def of(cls, linear: nn.Linear | Fp8Linear, *, fast_accum: bool) -> Fp8Linear:
+        """`linear` as FP8 with this fast-accumulation setting: a float projection quantized, or the same FP8
+        weights (a rank built already quantized)."""
+        if isinstance(linear, Fp8Linear):
+            return cls(linear.w8, linear.sw, fast_accum=fast_accum)
+        return cls.quantize(linear, fast_accum=fast_accum)
 
     def with_plan(self, plan: GemmPlan | None) -> Fp8Linear:
         """The same weights, run with `plan`'s cuBLASLt algorithm at its row count (None: the heuristic's)."""
@@ -222,72 +201,24 @@ class Fp8SwiGLU:
         return Rows8(*swiglu_quant(gu))
 
 
-class UnfusedFp8ResidualNormMod:
-    """`Fp8ResidualNormMod` as separate ops: the float part (`ResidualNormMod`: x += gate·delta, LayerNorm,
-    modulation, each a torch op in x's dtype), then `quant_rows` (fused_norm=False)."""
-
-    def __init__(self, eps: float) -> None:
-        from vivant.worker.model.model import ResidualNormMod
-
-        self.float_part = ResidualNormMod(eps)
-
-    def __call__(self, x, delta, gate, shift, scale) -> tuple[torch.Tensor, Rows8 | None]:
-        if isinstance(delta, GatedRowSum):
-            delta = delta.materialize()
-        x, h = self.float_part(x, delta, gate, shift, scale)
-        return x, None if h is None else Rows8(*quant_rows(h))
-
-
-class UnfusedFp8SwiGLU:
-    """`Fp8SwiGLU` as separate ops: silu(gate)·up as torch ops (`SwiGLUAct`), then `quant_rows`."""
-
-    def __init__(self) -> None:
-        from vivant.worker.model.model import SwiGLUAct
-
-        self.float_part = SwiGLUAct()
-
-    def __call__(self, gu: torch.Tensor) -> Rows8:
-        return Rows8(*quant_rows(self.float_part(gu)))
-
-
-def compiled_part(part, device: torch.device):
-    """`part` (a callable of tensors) through torch.compile on a GPU (inductor fuses its elementwise ops and
-    reductions into Triton kernels; compiled at its first call, which the engine makes eagerly before any CUDA
-    graph capture); unchanged on a CPU (the tests run its eager form). One compiled object serves every block."""
-    if device.type != "cuda":
-        return part
-    return torch.compile(part, fullgraph=True, dynamic=False)
-
-
-def _rows8(att: torch.Tensor) -> Rows8:
-    return Rows8(*quant_rows(att))
-
-
-def _rows_bf16(att: torch.Tensor) -> torch.Tensor:
-    return att
-
-
-def _split_fp8(q_rot: torch.Tensor, k_image: torch.Tensor, v_image: torch.Tensor, splits: int) -> Rows8:
-    """Split-KV attention with the O projection's quantization fused into its combine → Rows8 [T, h·D]."""
-    n, h, d = q_rot.shape
-    q_parts = q_rot.transpose(0, 1).unsqueeze(0).expand(splits, h, n, d)  # a view: cuDNN reads it as is
-    return Rows8(*split_kv_attention_fp8(q_parts, k_image, v_image))
-
-
-def _split_bf16(q_rot: torch.Tensor, k_image: torch.Tensor, v_image: torch.Tensor, splits: int) -> torch.Tensor:
-    """Split-KV attention, combined unquantized (bf16 GEMMs) → [T, h·D]."""
-    n, h, d = q_rot.shape
-    return split_kv_sdpa(q_rot, k_image, v_image, splits).reshape(n, h * d)
-
-
 class Fp8RingAttention:
-    """QKV rows [T, 3·h·D] → the ring write and attention → the output for the O GEMM [T, h·D]: FP8 rows
-    (quantize=True, FP8 GEMMs) or the attention's bf16 rows (quantize=False, bf16 GEMMs)."""
+    """QKV rows [T, 3·h·D] → the ring write and attention → the output for the O GEMM as FP8 rows [T, h·D]
+    (`rows` and `split_attend` make that output; a variant with an unquantized O input overrides them)."""
 
-    def __init__(self, backend: AttentionBackend, kv_splits: int | str, *, quantize: bool = True) -> None:
-        self.backend, self.kv_splits, self.quantize = AttentionBackend(backend), kv_splits, quantize
+    def __init__(self, backend: AttentionBackend, kv_splits: int | str) -> None:
+        self.backend, self.kv_splits = AttentionBackend(backend), kv_splits
         self._splits: dict[tuple, int] = {}
-        self.rows, self.split_attend = (_rows8, _split_fp8) if quantize else (_rows_bf16, _split_bf16)
+
+    def rows(self, att: torch.Tensor) -> Rows8:
+        """Attention's output rows [T, h·D] → the O GEMM's input."""
+        return Rows8(*quant_rows(att))
+
+    def split_attend(self, q_rot: torch.Tensor, k: torch.Tensor, v: torch.Tensor, splits: int) -> Rows8:
+        """Split-KV attention over the ring k, v [S, h, D] with the O projection's quantization fused into its
+        combine → the O GEMM's input [T, h·D]."""
+        n, h, d = q_rot.shape
+        q_parts = q_rot.transpose(0, 1).unsqueeze(0).expand(splits, h, n, d)  # a view: cuDNN reads it as is
+        return Rows8(*split_kv_attention_fp8(q_parts, k, v))
 
     def splits(self, cache: KVCache, heads: int) -> int:
         """kv_splits as a number ("auto": `auto_kv_splits` for this device and ring, resolved once)."""
@@ -307,12 +238,7 @@ class Fp8RingAttention:
         return self.rows(cache.attend(layer, attn.q_norm(q), attn.k_norm(k), v).reshape(n, h * d))
 
     def __call__(self, qkv: torch.Tensor, attn: Attention, layer: int, cache: KVCache):
-        out = self.attend(qkv, attn, layer, cache)
-        # unquantized rows in the O projection's dtype (bf16 on a GPU, a no-op; the CPU twins' float32 model)
-        return out if self.quantize else out.to(attn.o.weight.dtype)
-
-    def attend(self, qkv: torch.Tensor, attn: Attention, layer: int, cache: KVCache):
-        """The ring write and attention: Rows8 (quantize) or the attention's rows [T, h·D]."""
+        """The ring write and attention → the O GEMM's input."""
         n, h, d = qkv.shape[0], attn.local_heads, attn.head_dim
         if cache.mode is CacheMode.BASELINE:
             return self.baseline(qkv, attn, layer, cache)
@@ -320,41 +246,9 @@ class Fp8RingAttention:
         step, splits = cache.step, self.splits(cache, h)
         image = self.backend is AttentionBackend.IMAGE
         if image and splits > 1 and step.all_valid and cache.layout.slots % splits == 0:
-            return self.split_attend(q_rot, cache.k_image[layer], cache.v_image[layer], splits)
-        att = ring_attention(q_rot, cache.k[layer], cache.v[layer], cache.k_scale[layer], cache.v_scale[layer],
-                             step.valid, backend=self.backend, all_valid=step.all_valid,
-                             k_image=cache.k_image[layer] if image else None,
-                             v_image=cache.v_image[layer] if image else None, kv_splits=splits)
-        return self.rows(att.reshape(n, h * d))
-
-
-class WholeWindowAttention(Fp8RingAttention):
-    """The whole-window cache policy (worker/model/whole_window.py): QKV rows → q/k RMSNorm and RoPE(q) at the
-    chunk's positions, the un-rotated k and v into the window store at the chunk's slots (and the sink's while
-    chunk 0 runs), then every key of the window re-rotated (and re-quantized, for an FP8 ring), and attention over
-    that image — the image backend's calls (split-KV when every slot is valid and `kv_splits` > 1) whatever
-    `backend` says, since the image is what this policy produces. Output as `Fp8RingAttention`'s."""
-
-    def attend(self, qkv: torch.Tensor, attn: Attention, layer: int, cache: KVCache):
-        """The ring write and attention: Rows8 (quantize) or the attention's rows [T, h·D]."""
-        n, h, d = qkv.shape[0], attn.local_heads, attn.head_dim
-        if cache.mode is CacheMode.BASELINE:
-            return self.baseline(qkv, attn, layer, cache)
-        step, window = cache.step, cache.enable_whole_window(qkv.dtype)
-        q_rot, k = qk_norm_rope(qkv, attn.q_norm.weight, attn.k_norm.weight, step.cos, step.sin, h,
-                                eps=attn.q_norm.eps)
-        v = qkv.view(n, 3, h, d)[:, 2]
-        window.write(layer, k, v, step.slots)
-        if step.writes_sink:
-            ns = step.sink_slots.shape[0]
-            window.write(layer, k[:ns], v[:ns], step.sink_slots)
-        k_img, v_img = window.images(layer)
-        splits = self.splits(cache, h)
-        if splits > 1 and step.all_valid and cache.layout.slots % splits == 0:
-            return self.split_attend(q_rot, k_img, v_img, splits)
-        att = ring_attention(q_rot, cache.k[layer], cache.v[layer], cache.k_scale[layer], cache.v_scale[layer],
-                             step.valid, backend=AttentionBackend.IMAGE.value, all_valid=step.all_valid,
-                             k_image=k_img, v_image=v_img)
+            return self.split_attend(q_rot, cache.k[layer], cache.v[layer], splits)
+        att = ring_attention(q_rot, cache.k[layer], cache.v[layer], step.valid, backend=self.backend.value,
+                             all_valid=step.all_valid, kv_splits=splits)
         return self.rows(att.reshape(n, h * d))
 
 
@@ -378,53 +272,26 @@ def fork(model: VideoDiT) -> VideoDiT:
     return new
 
 
-def _norm_parts(options: EngineOptions, eps: float, device: torch.device):
-    """(res_norm, act) for `options`: one object each, shared by every block (module docstring's table)."""
-    from vivant.worker.model.model import ResidualNormMod, SwiGLUAct
-
-    if options.gemm is GemmPrecision.BF16:
-        res_norm, act = ResidualNormMod(eps), SwiGLUAct()
-        if options.fused_norm:
-            return compiled_part(res_norm, device), compiled_part(act, device)
-        return res_norm, act
-    if options.fused_norm:
-        return Fp8ResidualNormMod(eps), Fp8SwiGLU()
-    return UnfusedFp8ResidualNormMod(eps), UnfusedFp8SwiGLU()
-
-
 def install_parts(model: VideoDiT, options: EngineOptions, *, inplace: bool = False) -> VideoDiT:
     """`model` with the parts `options` names: the float parts as the model defines them (returned unchanged),
     or the fast parts (module docstring). inplace=False installs them into a `fork` (the float model stays
     usable, e.g. as the reference of a comparison); inplace=True replaces the float projections, so their
-    weights are freed with the float modules (57b). Apply tensor parallelism (worker/model/tp.py) first.
-    gemm = bf16 needs the float projections (a model not yet quantized: ValueError otherwise)."""
+    weights are freed with the float modules (57b). Apply tensor parallelism (worker/model/tp.py) first."""
     if not options.fp8:
         return model
-    fp8 = options.gemm is GemmPrecision.FP8
-    o_fp8 = fp8 and options.o_gemm is GemmPrecision.FP8
-    roles = ("qkv", "o", "gate_up", "down") if not fp8 else () if o_fp8 else ("o",)
-    if any(isinstance(getattr(blk.attn if r in ("qkv", "o") else blk.mlp, r), Fp8Linear) for blk in model.blocks
-           for r in roles):
-        field = "gemm" if not fp8 else "o_gemm"
-        raise ValueError(f"EngineOptions.{field} = 'bf16' needs the model's float projections ({', '.join(roles)}); "
-                         "this model's are already FP8 (build it with its bf16 weights)")
     m = model if inplace else fork(model)
-    policy = WholeWindowAttention if options.cache_policy is CachePolicy.WHOLE_WINDOW else Fp8RingAttention
-    attention = policy(options.attention, options.kv_splits, quantize=o_fp8)
-    res_norm, act = _norm_parts(options, m.cfg.norm_eps, m.patch_embed.weight.device)
-    fa = options.fast_accum
+    attention = Fp8RingAttention(options.attention, options.kv_splits)
+    res_norm, act, fa = Fp8ResidualNormMod(m.cfg.norm_eps), Fp8SwiGLU(), options.fast_accum
     for blk in m.blocks:
         blk.res_norm = res_norm
         a, p = blk.attn, blk.mlp
-        if fp8:
-            a.qkv = a.qkv.as_fp8(fast_accum=fa)
-            a.o = a.o.as_fp8(fast_accum=fa) if o_fp8 else a.o
-            p.gate_up, p.down = p.gate_up.as_fp8(fast_accum=fa), p.down.as_fp8(fast_accum=fa)
+        a.qkv, a.o = Fp8Linear.of(a.qkv, fast_accum=fa), Fp8Linear.of(a.o, fast_accum=fa)
+        p.gate_up, p.down = Fp8Linear.of(p.gate_up, fast_accum=fa), Fp8Linear.of(p.down, fast_accum=fa)
         a.core, p.act = attention, act
-    if fp8 and options.gemm_algorithms is GemmAlgorithms.TUNED and m.patch_embed.weight.device.type == "cuda":
+    if options.gemm_algorithms is GemmAlgorithms.TUNED and m.patch_embed.weight.device.type == "cuda":
         tune_gemms(m, rows=m.cfg.tokens_per_chunk)
     # a model already holding FP8 parts (a fork of one) keeps no folding it does not use
-    m.gate_fold = GateFold(m) if fp8 and options.fused_norm and options.residual_in_gemm else keep_gates
+    m.gate_fold = GateFold(m) if options.residual_in_gemm else keep_gates
     return m
 
 
@@ -432,8 +299,8 @@ class GateFold:
     """FP8 part `VideoDiT.gate_fold` (EngineOptions.residual_in_gemm): at the start of every pass one kernel writes
     each block's gated scales, [L, 2, d] float32 = (O, down) weights' per-channel scales × (gate1, gate2) of the
     pass's modulation, into the buffer whose rows the Fp8Linears read as `gated_scale` (inside the pass's CUDA
-    graph, so every replay folds its own noise level's gates). A block whose O is not FP8 (o_gemm = bf16) keeps a
-    float O and the residual kernel; its row here is unused."""
+    graph, so every replay folds its own noise level's gates). A projection that is not an Fp8Linear (an ablation
+    variant's float O, bench/ablation_parts.py) keeps the residual kernel; its row here is unused."""
 
     def __init__(self, model: VideoDiT) -> None:
         d, dev = model.cfg.d_model, model.patch_embed.weight.device

@@ -1,5 +1,12 @@
 """The chunk loop: audio in, latents out, `passes` denoising passes per chunk over a ring KV cache.
 
+`build_generator` (`vivant worker --engine`) builds the generator a worker serves with:
+  model  EngineOptions.reference(): the float parts — the model as defined, any device and cache mode.
+  fast   EngineOptions.served(device): the FP8 parts (worker/model/fast_parts.py) over the same weights; on CUDA
+         bf16 weights, image attention with split-KV, fast accumulation and CUDA graphs; on a CPU the kernels'
+         float32 twins, eagerly (tests). Needs the optimized (ring) cache.
+  auto   fast on CUDA with the optimized cache, else model.
+
 Sampler: rectified flow. A chunk starts from Gaussian noise (seeded per session and chunk, so runs
 repeat) at sigma = sigmas[0] = 1 and takes one Euler step per pass, x ← x + (σ_next − σ)·v, ending at
 σ = 0. Every pass writes the chunk's K/V into its ring slots (the last pass's stay), so 4 passes =
@@ -29,13 +36,21 @@ from pathlib import Path
 import numpy as np
 import torch
 from vivant.apis.feature_flags import FlagValues
+from vivant.kernels.fp8_gemm import prefer_static_gemm_schedule
 from vivant.kernels.rope import rope_angles
 from vivant.worker.model.audio_features import AudioFeaturizer
 from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.engine import Engine
 from vivant.worker.model.kv_cache import KVCache, StepState
 from vivant.worker.model.model import VideoDiT, init_random_
-from vivant.worker.model.options import CacheMode, EngineOptions, RingFormat, RowParallelPath, parse_choice
+from vivant.worker.model.options import (
+    CacheMode,
+    EngineName,
+    EngineOptions,
+    RowParallelPath,
+    engine_options,
+    parse_choice,
+)
 from vivant.worker.model.positions import PositionFrame, RingLayout, chunk_positions, sink_positions
 from vivant.worker.model.weights import load_weights
 
@@ -73,7 +88,8 @@ class ChunkOutput:
 class ChunkGenerator:
     """One session's chunk loop on one rank. The passes run on `engine` (worker/model/engine.py); without one, the
     generator builds `Engine.build(model, options)` from `model` (default: random weights of `cfg`, `seed`, or
-    the checkpoint `weights`), cast to `device` and `dtype`."""
+    the checkpoint `weights`), cast to `device` and `dtype`. The ring's dtype follows the engine (bf16 for the FP8
+    parts, float32 for the float parts); `fp8` is the baseline cache's per-call FP8 quantization of K/V."""
 
     def __init__(self, cfg: ModelConfig, *, mode: CacheMode | str = CacheMode.OPTIMIZED,
                  device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0,
@@ -162,13 +178,11 @@ class ChunkGenerator:
         if self.cache is not None:  # a warm worker keeps its preallocated cache across sessions
             self.cache.clear()
             return
-        # the FP8 parts with a bf16 ring (EngineOptions.ring) store bf16 rows; otherwise `fp8` picks FP8 or float32
-        opts = self.engine.options
-        bf16_ring = opts.fp8 and opts.ring is RingFormat.BF16 and self.mode is CacheMode.OPTIMIZED
+        # the FP8 parts write the served bf16 ring; the float parts a float32 one (the reference)
+        ring_dtype = torch.bfloat16 if self.engine.options.fp8 else torch.float32
         self.cache = KVCache(layers=cfg.n_layers, heads=self.local_heads, head_dim=cfg.head_dim, layout=self.layout,
-                             rope_dims=cfg.rope_dims, rope_theta=cfg.rope_theta, mode=self.mode,
-                             fp8=self.fp8 and not bf16_ring, store_dtype=torch.bfloat16 if bf16_ring else torch.float32,
-                             device=self.device, kernel_backend=self.kernel_backend,
+                             rope_dims=cfg.rope_dims, rope_theta=cfg.rope_theta, mode=self.mode, fp8=self.fp8,
+                             ring_dtype=ring_dtype, device=self.device, kernel_backend=self.kernel_backend,
                              rewind_chunks=self.rewind_chunks)
 
     @torch.no_grad()
@@ -296,3 +310,26 @@ class ChunkGenerator:
         return ChunkOutput(index=n, latents=x, position_t=inputs.pos_t, reset=reset, finite=finite,
                            timings_ms={"total": (t1 - t0) * 1e3, "reset": (t_cache - t0) * 1e3,
                                        "passes": (t1 - t_cache) * 1e3, "host_launch": (t_launched - t0) * 1e3})
+
+
+def build_generator(cfg: ModelConfig, *, mode: CacheMode | str = CacheMode.OPTIMIZED,
+                    device: str | torch.device = "cpu", seed: int = 0, weights: str | Path | None = None,
+                    engine: EngineName | str = EngineName.AUTO, model: VideoDiT | None = None) -> ChunkGenerator:
+    """A `ChunkGenerator` for `cfg` running the engine `engine` names (module docstring). `model`: already built
+    (e.g. a tensor-parallel shard, worker/model/tp.py); default random weights of the preset (`seed`), or the
+    safetensors checkpoint `weights`."""
+    dev = torch.device(device)
+    mode = parse_choice(CacheMode, mode, "mode")
+    options = engine_options(engine, dev, mode)
+    log.info("engine %s -> %s on %s (mode %s)", EngineName(engine).value, options, dev, mode.value)
+    cuda = dev.type == "cuda"
+    if cuda and options.fp8:  # before the first cuBLASLt GEMM of this process (kernels/fp8_gemm.py says why)
+        log.info("cuBLASLt workspace %s KiB", prefer_static_gemm_schedule())
+    if model is None:
+        model = init_random_(VideoDiT(cfg), seed=seed)
+        if weights is not None:
+            load_weights(model, weights)
+    dtype = torch.bfloat16 if cuda and options.fp8 else torch.float32
+    model = model.to(device=dev, dtype=dtype).eval()
+    return ChunkGenerator(cfg, mode=mode, device=dev, dtype=dtype, seed=seed,
+                          engine=Engine.build(model, options, inplace=True))

@@ -72,16 +72,11 @@ class RMSNorm(nn.Module):
 
 class Linear(nn.Linear, SummedProduct):
     """nn.Linear (same weights, same state-dict names) that can also give its product summed over a TP group,
-    for the fused row-parallel step; `as_fp8` is its FP8 counterpart (worker/model/fast_parts.py)."""
+    for the fused row-parallel step; its FP8 counterpart is fast_parts.Fp8Linear (`Fp8Linear.of`)."""
 
     def matmul_all_reduce(self, x: torch.Tensor, group: dist.ProcessGroup, method: FusedMethod,
                           chunks: int) -> torch.Tensor:
         return float_matmul_all_reduce(x, self.weight, self.bias, group, method, chunks)
-
-    def as_fp8(self, *, fast_accum: bool) -> nn.Module:
-        from vivant.worker.model.fast_parts import Fp8Linear
-
-        return Fp8Linear.quantize(self, fast_accum=fast_accum)
 
 
 def layer_norm(x: torch.Tensor, eps: float) -> torch.Tensor:

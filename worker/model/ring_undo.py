@@ -4,28 +4,21 @@ Why: when a speech turn starts, the chunks generated ahead of playback from sile
 restarts at the first chunk not shown (docs/ARCHITECTURE.md, "Rewind at a turn start"). The ring is overwritten in
 place, so rewinding needs the contents each undone chunk replaced:
 
-* per chunk c (saved by `save_chunk` when c begins, before its first write): its ring slots' K/V (FP8, bf16 or
-  float), their scales, and the read image's rows when the image is a tensor of its own (a bf16 ring is its image). A chunk's slots are one contiguous range
-  (`RingLayout.chunk_slot_range`), so a save is one slice copy per tensor over all layers (`copy_words`), no host
-  sync.
-* per position reset (saved by `save_reset` before the delta rotation): the whole window's K, K scales and K image
-  (one contiguous slice; V is never rotated). Resets are `t_limit − W` chunks apart and the generator refuses a
-  depth ≥ that, so at most one reset is ever inside the log; a second one inside it raises.
+* per chunk c (saved by `save_chunk` when c begins, before its first write): its ring slots' K/V. A chunk's slots
+  are one contiguous range (`RingLayout.chunk_slot_range`), so a save is one slice copy per tensor over all layers
+  (`copy_words`), no host sync.
+* per position reset (saved by `save_reset` before the delta rotation): the whole window's K (one contiguous
+  slice; V is never rotated). Resets are `t_limit − W` chunks apart and the generator refuses a depth ≥ that, so
+  at most one reset is ever inside the log; a second one inside it raises.
 
 Rewinding to chunk 0 is not done here: the session is reset (`KVCache.clear`), which equals the state before
 chunk 0 (chunk 0 also writes the sink, which this log does not save).
 
-Every buffer is allocated once, at the first save (the image's at the first save after the image exists), and
-restored with `copy_` into the ring's own tensors: CUDA graphs keep the ring's addresses.
+Every buffer is allocated once, at the first save, and restored with `copy_` into the ring's own tensors: CUDA
+graphs keep the ring's addresses.
 
-Memory, per rank: depth × L × T × H × (2·D·b + 8 [+ 2·D·b_img]) bytes for the chunk entries plus
-L × W·T × H × (D·b + 4 [+ D·b_img]) for the reset snapshot (b: bytes per ring element, b_img: per image element).
-At 57b (TP = 4 rank: L = 60, T = 757, H = 16, D = 128, W = 7, FP8 ring, bf16 image) with depth 4: an entry is
-0.186 GB of K/V + 0.006 GB of scales + 0.372 GB of image rows = 0.564 GB, four entries 2.26 GB; the reset
-snapshot (W·T = 5,299 slots) 0.651 GB of K + 0.020 GB of scales + 1.302 GB of image = 1.97 GB; 4.2 GB in all.
-With the bf16 ring (EngineOptions.ring, its own image): 0.372 + 0.006 = 0.378 GB per entry, 1.32 GB for the snapshot,
-2.8 GB in all (the served engine on CUDA). Per chunk the save moves one entry (0.38 GB at 57b with the bf16 ring):
-a device-to-device copy, no host sync.
+Memory, per rank: depth × L × T × H × 2·D·b bytes for the chunk entries plus L × W·T × H × D·b for the reset
+snapshot (b: bytes per ring element, 2 for the served bf16 ring); docs/ARCHITECTURE.md gives the 57b figures.
 """
 
 from __future__ import annotations
@@ -37,7 +30,7 @@ def word_views(dst: torch.Tensor, src: torch.Tensor) -> tuple[torch.Tensor, torc
     """(dst, src) as 8-byte-word (int64) views when both are tensors of one dtype and shape whose rows (last dim) are
     contiguous and whose every row's bytes and every other stride divide by 8; else (dst, src) as they are.
     Why: a slice of the ring over slots is strided (one block per layer), and the device's generic strided copy moves
-    elements, so words copy the same bytes in 2–8× fewer elements (bf16: 4, FP8: 8, float32 scales: 2)."""
+    elements, so words copy the same bytes in 2–4× fewer elements (bf16: 4, float32: 2)."""
     def words_ok(t: torch.Tensor) -> bool:
         size = t.element_size()
         return t.stride(-1) == 1 and (t.shape[-1] * size) % 8 == 0 and \
@@ -53,26 +46,19 @@ def copy_words(dst: torch.Tensor, src: torch.Tensor) -> None:
     d.copy_(s)
 
 
-def _separate_image(cache) -> bool:
-    """The ring has a read image of its own (with a bf16 ring the image is the ring itself: nothing more to save)."""
-    return cache.k_image is not None and cache.k_image is not cache.k
-
-
 class RingUndoLog:
     """Undo entries of the last `depth` chunks of one ring (`KVCache` optimized mode), plus one reset snapshot.
 
     Entry e = chunk mod depth holds what chunk `self.chunk_of[e]` overwrote; −1 marks an empty entry. Shapes per
-    entry: K/V `[L, T, H, D]` in the ring's dtype, scales `[L, T, H]` float32, image rows `[L, T, H, D]`."""
+    entry: K/V `[L, T, H, D]` in the ring's dtype."""
 
     def __init__(self, depth: int) -> None:
         if depth < 0:
             raise ValueError(f"rewind_chunks = {depth}; expected an integer ≥ 0 (0 turns rewinding off)")
         self.depth = depth
         self.chunk_of = [-1] * depth
-        self._has_image = [False] * depth
         self._buf: dict[str, torch.Tensor] = {}
         self.reset_chunk: int | None = None  # the chunk that began with the position reset held in the snapshot
-        self._reset_has_image = False
         # save_chunk's (entry, first slot) → its (dst, src) word views, for the ring tensors named by _save_key (their
         # data pointers): a chunk start then costs one copy call per tensor, no view building or stride checks
         self._save_key: tuple = ()
@@ -80,7 +66,6 @@ class RingUndoLog:
 
     def clear(self) -> None:
         self.chunk_of = [-1] * self.depth
-        self._has_image = [False] * self.depth
         self.reset_chunk = None
 
     def _alloc(self, name: str, like: torch.Tensor, rows: int) -> torch.Tensor:
@@ -100,7 +85,7 @@ class RingUndoLog:
         e = chunk % self.depth
         tensors = self._tensors(cache)
         key = tuple((name, t.data_ptr(), t.dtype, tuple(t.shape)) for name, t in tensors)
-        if key != self._save_key:  # other ring tensors (a new image, another ring): views of the old ones go
+        if key != self._save_key:  # other ring tensors (another ring): views of the old ones go
             self._save_key, self._save_views = key, {}
         views = self._save_views.get((e, a))
         if views is None:
@@ -109,7 +94,6 @@ class RingUndoLog:
         for dst, src in views:
             dst.copy_(src)
         self.chunk_of[e] = chunk
-        self._has_image[e] = _separate_image(cache)
 
     def save_reset(self, cache, chunk: int) -> None:
         """Before the position reset that begins chunk `chunk` rotates the window's keys: snapshot them."""
@@ -123,7 +107,6 @@ class RingUndoLog:
         for name, t in self._key_tensors(cache):
             copy_words(self._alloc("reset_" + name, t, t.shape[1] - s), t[:, s:])
         self.reset_chunk = chunk
-        self._reset_has_image = _separate_image(cache)
 
     # ---- restoring ----------------------------------------------------------------------------------------
     def oldest(self, next_chunk: int) -> int:
@@ -143,32 +126,19 @@ class RingUndoLog:
         for c in range(next_chunk - 1, to_chunk - 1, -1):
             e = c % self.depth
             a, b = cache.layout.chunk_slot_range(c)
-            for name, t in self._tensors(cache, image=self._has_image[e]):
+            for name, t in self._tensors(cache):
                 copy_words(t[:, a:b], self._buf[name][e])
-            if _separate_image(cache) and not self._has_image[e]:  # saved before the image existed
-                for layer in range(cache.layers):
-                    cache.refresh_image(layer, torch.arange(a, b, device=cache.device))
             self.chunk_of[e] = -1
             if self.reset_chunk == c:
-                for name, t in self._key_tensors(cache, image=self._reset_has_image):
+                for name, t in self._key_tensors(cache):
                     copy_words(t[:, s:], self._buf["reset_" + name])
-                if _separate_image(cache) and not self._reset_has_image:
-                    window = torch.arange(s, cache.layout.slots, device=cache.device)
-                    for layer in range(cache.layers):
-                        cache.refresh_image(layer, window, keys_only=True)
                 self.reset_chunk = None
 
     # ---- helpers ------------------------------------------------------------------------------------------
     @staticmethod
-    def _tensors(cache, image: bool = True):
-        out = [("k", cache.k), ("v", cache.v), ("k_scale", cache.k_scale), ("v_scale", cache.v_scale)]
-        if image and _separate_image(cache):
-            out += [("k_image", cache.k_image), ("v_image", cache.v_image)]
-        return out
+    def _tensors(cache):
+        return [("k", cache.k), ("v", cache.v)]
 
     @staticmethod
-    def _key_tensors(cache, image: bool = True):
-        out = [("k", cache.k), ("k_scale", cache.k_scale)]
-        if image and _separate_image(cache):
-            out.append(("k_image", cache.k_image))
-        return out
+    def _key_tensors(cache):
+        return [("k", cache.k)]

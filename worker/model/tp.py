@@ -18,14 +18,9 @@ reported as its own line). `fusable_group()` says whether a fused GEMM + all-red
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-
-if TYPE_CHECKING:
-    from vivant.worker.model.model import VideoDiT
 
 
 class Reduce(nn.Module):
@@ -99,9 +94,10 @@ def _replace(linear: nn.Linear, weight: torch.Tensor) -> None:
     linear.in_features, linear.out_features = weight.shape[1], weight.shape[0]
 
 
-def apply_tensor_parallel(model: VideoDiT, rank: int, world_size: int, *, group: dist.ProcessGroup | None = None,
-                          reduce: str = "dist") -> VideoDiT:
-    """Shard `model` in place for `rank` of `world_size`. reduce: "dist" (torch.distributed all-reduce),
+def apply_tensor_parallel(model: nn.Module, rank: int, world_size: int, *, group: dist.ProcessGroup | None = None,
+                          reduce: str = "dist") -> nn.Module:
+    """Shard `model` (a VideoDiT, worker/model/model.py, which imports this module) in place for `rank` of
+    `world_size`. reduce: "dist" (torch.distributed all-reduce),
     "simulated" (one-GPU stand-in, benchmark only) or "none" (leave partial sums; tests)."""
     cfg = model.cfg
     cfg.shard_heads(world_size)  # raises a ConfigError naming the field when it does not divide

@@ -30,8 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from vivant.worker.model.config import ModelConfig
-from vivant.worker.model.engine import build_generator
-from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.generator import ChunkGenerator, build_generator
 from vivant.worker.model.model import VideoDiT
 from vivant.worker.model.options import CacheMode, EngineName
 from vivant.worker.model.ref_model import ref_paths

@@ -26,8 +26,7 @@ import torch
 import torch.distributed as dist
 from vivant.apis.feature_flags import FlagValues
 from vivant.worker.model.config import ModelConfig
-from vivant.worker.model.engine import build_generator
-from vivant.worker.model.generator import ChunkGenerator
+from vivant.worker.model.generator import ChunkGenerator, build_generator
 from vivant.worker.model.model import VideoDiT, init_random_
 from vivant.worker.model.options import CacheMode, EngineName
 from vivant.worker.model.tp import apply_tensor_parallel
