@@ -21,14 +21,25 @@ are the same clock). `CallMeasurement.from_recording` turns that into the call's
   peak's Pearson r (a low r means the offset is not meaningful, e.g. random weights whose mouth does not follow
   speech). It includes the model's own lip lag, which the quality gate measures separately.
 
+* per minute of the call (from the first frame received): frames, received fps, freezes and the longest gap, so
+  drift and slow decay show in a long call;
+* turn latency p50 and p99 over the call's turns (a turn whose mouth never moved counts as missing, not as fast).
+
+`python -m vivant.bench.call_recorder` is one user as a process of its own (`main`; `vivant bench call` runs one
+per call, so N concurrent receivers do not share one interpreter): it joins, records until the avatar has come
+and gone, and writes the measurement as JSON (and, with `--mp4`, what it received).
+
 `write_mp4` writes what the user received: video at its arrival times (variable frame rate, freezes visible)
 with the received audio from its first arrival, H.264 + AAC.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
@@ -147,6 +158,10 @@ class CallMeasurement:
     av_offset_ms: float | None
     av_offset_r: float | None
     turns_sent: int
+    turn_latency_p50_s: float | None = None
+    turn_latency_p99_s: float | None = None
+    turns_without_motion: int = 0
+    minutes: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -174,12 +189,42 @@ class CallMeasurement:
         offset, r = av_offset(rec, vt, opening)
         audio_s = sum(len(a) for a in rec.audio) / rec.audio_rate
         size = [max(f.shape[1] for f in rec.video), max(f.shape[0] for f in rec.video)] if n else [0, 0]
+        found = np.asarray([x for x in latencies if x is not None], np.float64)
         return cls(frames_received=n, received_fps=round((n - 1) / span, 3) if span > 0 else 0.0,
                    span_s=round(span, 3), freezes=int(len(frozen)), frozen_s=round(float(frozen.sum()), 3),
                    longest_gap_ms=round(float(gaps.max()) * 1000, 1) if len(gaps) else 0.0, frame_size=size,
                    audio_received_s=round(audio_s, 3), mouth_baseline=round(base, 4),
                    mouth_threshold=round(threshold, 4), turn_latency_s=latencies,
-                   av_offset_ms=offset, av_offset_r=r, turns_sent=len(sent))
+                   av_offset_ms=offset, av_offset_r=r, turns_sent=len(sent),
+                   turn_latency_p50_s=round(float(np.percentile(found, 50)), 4) if len(found) else None,
+                   turn_latency_p99_s=round(float(np.percentile(found, 99)), 4) if len(found) else None,
+                   turns_without_motion=sum(x is None for x in latencies), minutes=per_minute(vt, fps))
+
+
+def per_minute(vt: np.ndarray, fps: int = 24, minute_s: float = 60.0) -> list[dict]:
+    """Per minute from the first arrival in `vt` (unix s, sorted): frames, received fps, freezes (gaps > 2 frame
+    intervals, counted in the minute the gap ends in) and the longest gap. A minute's fps is its frames over the
+    minute (the last, partial one: over its span); a minute with under 2 s of video is left out."""
+    if len(vt) < 2:
+        return []
+    rel = vt - vt[0]
+    gaps = np.diff(vt)
+    out = []
+    for m in range(int(rel[-1] // minute_s) + 1):
+        lo, hi = m * minute_s, (m + 1) * minute_s
+        idx = np.nonzero((rel >= lo) & (rel < hi))[0]
+        if len(idx) < 2:
+            continue
+        length = min(hi, rel[-1]) - lo if hi > rel[-1] else minute_s
+        if length < 2.0:
+            continue
+        ends = idx[idx > 0]  # gap k ends at arrival k
+        g = gaps[ends - 1] if len(ends) else np.zeros(0)
+        out.append({"minute": m, "frames": int(len(idx)), "received_fps": round(len(idx) / length, 3),
+                    "freezes": int(np.sum(g > FREEZE_INTERVALS / fps)),
+                    "longest_gap_ms": round(float(g.max()) * 1000, 1) if len(g) else 0.0,
+                    "seconds": round(float(length), 2)})
+    return out
 
 
 def full_size(frames: list[np.ndarray]) -> list[np.ndarray]:
@@ -273,3 +318,53 @@ def write_mp4(rec: Recording, path: Path) -> Path | None:
             for packet in a_s.encode():
                 out.mux(packet)
     return path
+
+
+# ------------------------------------------------------------------------------------------- one user, one process
+
+
+async def record_call(url: str, token: str, avatar_identity: str, max_s: float,
+                      join_timeout_s: float = 120.0) -> tuple[Recording, bool, bool]:
+    """Join and record until the avatar has come and gone, `max_s` passed, or it never came within
+    `join_timeout_s`. Returns (the recording, whether the avatar was seen, whether it left)."""
+    user = UserRecorder(url, token, avatar_identity)
+    await user.start()
+    start = time.monotonic()
+    seen = False
+    while time.monotonic() - start < max_s:
+        present = user.avatar_present()
+        seen |= present
+        if (seen and not present) or (not seen and time.monotonic() - start > join_timeout_s):
+            break
+        await asyncio.sleep(0.25)
+    left = seen and not user.avatar_present()
+    return await user.stop(), seen, left
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="one user of a LiveKit call: record the avatar, write the measurement")
+    p.add_argument("--url", required=True, help="the LiveKit server's URL")
+    p.add_argument("--avatar-identity", required=True)
+    p.add_argument("--max-seconds", type=float, required=True, help="leave after this long whatever happens")
+    p.add_argument("--out", type=Path, required=True, help="the measurement (JSON)")
+    p.add_argument("--mp4", type=Path, default=None, help="also write what was received here")
+    args = p.parse_args(argv)
+    token = os.environ.get("VIVANT_USER_TOKEN", "")  # a secret: not on the command line, where ps shows it
+    if not token:
+        print("call_recorder: VIVANT_USER_TOKEN (the user's LiveKit token) is not set", file=sys.stderr)
+        return 2
+    if not args.max_seconds > 0:
+        print(f"call_recorder: --max-seconds = {args.max_seconds}; expected > 0", file=sys.stderr)
+        return 2
+    rec, seen, left = asyncio.run(record_call(args.url, token, args.avatar_identity, args.max_seconds))
+    measurement = CallMeasurement.from_recording(rec)
+    mp4 = write_mp4(rec, args.mp4) if args.mp4 is not None else None
+    doc = {"measurement": measurement.to_dict(), "turns": rec.turns, "avatar_seen": seen, "avatar_left": left,
+           "joined_at": rec.joined_at, "first_video_at": rec.video_t[0] if rec.video_t else None,
+           "mp4": str(mp4) if mp4 else None}
+    args.out.write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

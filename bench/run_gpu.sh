@@ -17,12 +17,32 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
+# Packages too large for one call's 64 MiB travel as an xz'd tar of installed files, split over consecutive calls
+# (bench/gpu_stage.sh writes .stage-*/; a warm machine keeps what a previous call carried): unpacked once into
+# /tmp/site when every part is there
+if ls .stage-*/site.tar.xz.part* >/dev/null 2>&1 && [ ! -f /tmp/site/.staged ]; then
+    want=$(cat .stage-*/parts 2>/dev/null | head -1); have=$(ls .stage-*/site.tar.xz.part* | wc -l)
+    if [ "$have" = "$want" ]; then
+        mkdir -p /tmp/site && cat $(find .stage-* -name 'site.tar.xz.part-*' -printf '%f %p\n' | sort | cut -d' ' -f2) \
+            | xz -d | tar x -C /tmp/site \
+            && touch /tmp/site/.staged && echo "staged packages unpacked into /tmp/site"
+    else echo "staged packages: $have of $want parts here"; fi
+fi
+[ -f /tmp/site/.staged ] && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 # redis-server from Debian packages in .deb/ (unpacked beside, never over /), run through a wrapper that finds its libs
 if ls .deb/redis-server_*.deb >/dev/null 2>&1 && [ -z "${REDIS_SERVER:-}" ]; then
     for f in .deb/*.deb; do dpkg -x "$f" /tmp/redis-root; done
+    mkdir -p /tmp/vivant-bin
     printf '#!/bin/sh\nLD_LIBRARY_PATH=/tmp/redis-root/usr/lib/x86_64-linux-gnu exec /tmp/redis-root/usr/bin/redis-server "$@"\n' \
-        > /tmp/redis-server && chmod +x /tmp/redis-server && export REDIS_SERVER=/tmp/redis-server
+        > /tmp/vivant-bin/redis-server && chmod +x /tmp/vivant-bin/redis-server && export REDIS_SERVER=/tmp/vivant-bin/redis-server
+    export PATH="/tmp/vivant-bin:$PATH"
 fi
+# livekit-server built where Go is (bench/gpu_stage.sh: .stage-*/livekit-server.xz), for STEPS=call
+if ls .stage-*/livekit-server.xz >/dev/null 2>&1 && [ ! -x /tmp/vivant-bin/livekit-server ]; then
+    mkdir -p /tmp/vivant-bin && xz -dc .stage-*/livekit-server.xz > /tmp/vivant-bin/livekit-server \
+        && chmod +x /tmp/vivant-bin/livekit-server
+fi
+[ -x /tmp/vivant-bin/livekit-server ] && export VIVANT_LIVEKIT_SERVER=/tmp/vivant-bin/livekit-server
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 STEPS=${STEPS:-smoke,tests,tp4,tp1,decode}  # which parts to run (comma-separated)
@@ -54,5 +74,11 @@ step session "served runtime: 60 s ref session, 1 DiT rank + decoder on the same
 # the quality gate on what is served: the engine a worker runs (FP8 parts, CUDA graphs) vs the float32 path, ref
 step quality "eval quality: served engine on ref vs float32, held-out speech" bash -c "python3 -m vivant eval quality \
     --device cuda --wav weights/ref/data/held_out.wav --seconds ${QUALITY_SECONDS:-60} --json > $OUT/quality_ref_cuda.json"
+# whole LiveKit calls on this machine, measured at each receiver (bench/livekit_call.py): the ref character on the GPU,
+# the agent's speech made beforehand (.tts/, bench/gpu_stage.sh: espeak-ng is not here). CALL_SECONDS per call,
+# CALL_COUNTS concurrent calls per round (e.g. 4,8,16), CALL_ARGS e.g. "--step-ms 103 --interrupt-every 4"
+step call "bench call: ref on cuda into a real LiveKit room, measured at the receivers" python3 -m vivant bench call \
+    --device cuda --tts-cache .tts --seconds ${CALL_SECONDS:-60} --calls ${CALL_COUNTS:-1} ${CALL_ARGS:-} \
+    --out "$OUT/call${CALL_TAG:-}"
 step decode "bench decode 57b" python3 -m vivant bench decode --preset 57b --device cuda --chunks 20 --json --out "$OUT/decode_57b.json"
 ls -la "$OUT"

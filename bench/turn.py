@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from vivant.worker.model.cadence import PaddedGenerator
 from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.generator import build_generator
 from vivant.worker.model.options import EngineName
@@ -61,33 +62,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="turns do not rewind (speech waits behind the chunks already made): the comparison run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the JSON document here")
-
-
-class PaddedGenerator:
-    """A generator whose every `generate_chunk` takes at least `step_ms` wall ms: the real chunk, then a sleep
-    for the rest. Why a stand-in: one GPU with the small `ref` model cannot take the 57b model's per-rank step
-    time, and the turn latency depends on that time, not on the weights."""
-
-    def __init__(self, inner, step_ms: float) -> None:
-        self.inner, self.step_ms, self.cfg = inner, float(step_ms), inner.cfg
-
-    def generate_chunk(self, audio, sample_rate: int):
-        t = time.perf_counter()
-        out = self.inner.generate_chunk(audio, sample_rate)
-        rest = self.step_ms / 1e3 - (time.perf_counter() - t)
-        if rest > 0:
-            time.sleep(rest)
-        return out
-
-    @property
-    def rewind_chunks(self) -> int:
-        return self.inner.rewind_chunks
-
-    def oldest_rewind(self) -> int:
-        return self.inner.oldest_rewind()
-
-    def rewind(self, to_chunk: int) -> None:
-        self.inner.rewind(to_chunk)
 
 
 def voiced(seconds: float, rate: int, f0: float) -> np.ndarray:

@@ -204,5 +204,11 @@ def ensure_binaries(*, build_missing: bool = True, log=print) -> ClusterBinaries
 
 
 def ensure_livekit_server(*, build_missing: bool = True, log=print) -> Path:
-    """The livekit-server binary for tools/livekit's pins."""
+    """The livekit-server binary for tools/livekit's pins; `$VIVANT_LIVEKIT_SERVER` names one built elsewhere (a
+    machine without Go, e.g. the GPU machine, is handed the binary built here: bench/run_gpu.sh)."""
+    given = os.environ.get("VIVANT_LIVEKIT_SERVER")
+    if given:
+        if not Path(given).is_file() or not os.access(given, os.X_OK):
+            raise BinaryError(f"VIVANT_LIVEKIT_SERVER = {given!r}: expected an executable livekit-server binary")
+        return Path(given)
     return ensure_module(LIVEKIT_MODULE, build_missing=build_missing, log=log) / "livekit-server"

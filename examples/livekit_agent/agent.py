@@ -63,6 +63,10 @@ class Script(BaseModel):
         default="end_call", description="after the script: close the agent session (the plugin sends END_CALL), "
                                         "leave the room without a word, or stay until the room closes")
     max_duration_s: int | None = Field(default=None, ge=10, le=86_400, description="the avatar's maxDuration")
+    interrupt_every: int = Field(default=0, ge=0, le=100,
+                                 description="interrupt every n-th turn (0 = never): the framework's interrupt, "
+                                             "which sends the avatar `lk.clear_buffer`")
+    interrupt_after_s: float = Field(default=1.0, gt=0, le=60, description="how far into such a turn to interrupt")
 
     @classmethod
     def from_metadata(cls, metadata: str) -> Script:
@@ -79,7 +83,8 @@ server = AgentServer(job_executor_type=JobExecutorType.THREAD, num_idle_processe
 async def entrypoint(ctx: JobContext) -> None:
     script = Script.from_metadata(ctx.job.metadata)
     await ctx.connect()
-    session = AgentSession(tts=EspeakTTS())
+    # VIVANT_TTS_CACHE: speech made beforehand (espeak_tts.py), for machines without espeak-ng
+    session = AgentSession(tts=EspeakTTS(cache_dir=os.environ.get("VIVANT_TTS_CACHE") or None))
 
     kwargs = {"max_duration": script.max_duration_s} if script.max_duration_s else {}
     avatar = runway.AvatarSession(avatar_id=script.avatar, api_url=os.environ["VIVANT_API_URL"],
@@ -97,9 +102,14 @@ async def entrypoint(ctx: JobContext) -> None:
         for text in script.turns:
             handle = session.say(text)
             await asyncio.sleep(0)
+            cut = script.interrupt_every and (turn + 1) % script.interrupt_every == 0
+            if cut:
+                await asyncio.sleep(script.interrupt_after_s)
+                handle.interrupt()
             await handle.wait_for_playout()
             event = {"type": "turn", "turn": turn, "text": text,  # one playback_started per turn, in order
-                     "audio_sent_at": turn_marks[turn] if len(turn_marks) > turn else None}
+                     "audio_sent_at": turn_marks[turn] if len(turn_marks) > turn else None,
+                     "interrupted": bool(cut and handle.interrupted)}
             await ctx.room.local_participant.publish_data(json.dumps(event), reliable=True, topic=EVENTS_TOPIC)
             turn += 1
             await asyncio.sleep(script.pause_s)

@@ -10,6 +10,7 @@ import pytest
 from livekit import api, rtc
 from vivant.apis.livekit_token import LiveKitCredentials, mint_avatar_token
 from vivant.devcluster.livekit import LiveKitState
+from vivant.worker.serving.publishing import video_publish_options
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,7 +46,7 @@ async def test_frames_published_by_the_avatar_reach_a_subscriber(livekit_server:
     await avatar.connect(livekit_server.url, avatar_token(livekit_server, room))
     source = rtc.VideoSource(64, 48)
     track = rtc.LocalVideoTrack.create_video_track("character", source)
-    await avatar.local_participant.publish_track(track, rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_CAMERA))
+    await avatar.local_participant.publish_track(track, video_publish_options(64, 48, 24))
     frame = rtc.VideoFrame(64, 48, rtc.VideoBufferType.RGBA, bytes(64 * 48 * 4))
 
     async def feed() -> None:

@@ -99,6 +99,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rank-timeout", type=float, default=120.0,
                         help="seconds a rank waits on another in one collective before the worker gives up")
     parser.add_argument("--cpu-threads", type=int, default=1, help="torch threads per rank on --device cpu")
+    parser.add_argument("--pad-chunk-ms", type=float, default=0.0,
+                        help="benchmarks only: every chunk's diffusion takes at least this many ms (a sleep after the "
+                             "real chunk), to run the call at a larger model's cadence (0 = off)")
     parser.add_argument("--metrics-port", type=int, default=int(env.get("VIVANT_METRICS_PORT", "0")),
                         help="serve Prometheus metrics on this port (env VIVANT_METRICS_PORT; 0 = off)")
     parser.add_argument("--metrics-addr", default="0.0.0.0", help="address the metrics server binds")
@@ -163,11 +166,13 @@ def rank_spec(args: argparse.Namespace) -> RankSpec:
     if args.cpu_threads < 1 or args.rank_timeout <= 0:
         raise ValueError("cpu-threads and rank-timeout: expected positive values, got "
                          f"{args.cpu_threads} and {args.rank_timeout}")
+    if not 0 <= args.pad_chunk_ms < 10_000:
+        raise ValueError(f"pad-chunk-ms: expected 0 (off) or a chunk time in ms below 10000, got {args.pad_chunk_ms}")
     layout = RankLayout(tp=tp, device=device, decoder_device=decoder)  # ConfigError (a ValueError) on bad tp
     return RankSpec(layout=layout, init_method=f"tcp://127.0.0.1:{free_port()}", preset=args.preset, mode=mode,
                     engine=engine, runner=runner, weights=str(weights) if weights else None,
                     vae_weights=args.vae_weights, vae=vae, out_dir=args.out, speak=args.speak, timeout_s=args.rank_timeout,
-                    cpu_threads=args.cpu_threads, log_level=args.log_level)
+                    cpu_threads=args.cpu_threads, log_level=args.log_level, pad_chunk_ms=args.pad_chunk_ms)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,7 +5,8 @@ participant (`livekit.agents.voice.avatar`): audio arrives as byte streams on to
 speech segment (`DataStreamAudioReceiver`); the agent interrupts with the `lk.clear_buffer` RPC; the avatar
 reports `lk.playback_started` / `lk.playback_finished` back. The framework's `AvatarRunner` wires a receiver to
 a `VideoGenerator` and publishes what the generator yields through `rtc.AVSynchronizer` (video paced at fps,
-audio in step). One room connection (the avatar's identity, from the operator's token) both receives and
+audio in step); the worker runs it as `PublishingAvatarRunner` (publishing.py), which names the video track's
+frame rate. One room connection (the avatar's identity, from the operator's token) both receives and
 publishes, and the frames are made on the decoder rank, so the room lives there (`RoomSession`); what the DiT
 needs from it — the agent's speech, interrupts, the reasons a session ends — travels to rank 0 as small
 events (`forward`), where `RoomFeed` (vivant.worker.serving.room_feed) applies them to the session between
@@ -66,6 +67,7 @@ from livekit.agents.voice.avatar import (
     AvatarRunner,
     DataStreamAudioReceiver,
 )
+from vivant.worker.serving.publishing import PublishingAvatarRunner
 from vivant.worker.serving.room_feed import RoomEvent
 from vivant.worker.serving.room_video import (
     SYNC_QUEUE_MS,
@@ -246,8 +248,8 @@ class RoomSession:
         return DataStreamAudioReceiver(room, sender_identity=self.join.agent_identity)
 
     def _avatar_runner(self, room: rtc.Room, receiver: Any, video: RoomVideo) -> AvatarRunner:
-        return AvatarRunner(room, audio_recv=receiver, video_gen=video, options=self.avatar_options(),
-                            _queue_size_ms=SYNC_QUEUE_MS)
+        return PublishingAvatarRunner(room, audio_recv=receiver, video_gen=video, options=self.avatar_options(),
+                                      _queue_size_ms=SYNC_QUEUE_MS)
 
     def avatar_options(self) -> AvatarOptions:
         g = self.grid

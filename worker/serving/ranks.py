@@ -25,6 +25,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 from vivant.apis.feature_flags import FlagValues
+from vivant.worker.model.cadence import PaddedGenerator
 from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.generator import ChunkGenerator, build_generator
 from vivant.worker.model.model import VideoDiT, init_random_
@@ -74,12 +75,16 @@ class RankSpec:
     cpu_threads: int = 1
     log_level: str = "INFO"
     min_lead_chunks: int = 1
+    pad_chunk_ms: float = 0.0  # > 0: every chunk's diffusion takes at least this long (benchmarks; model/cadence.py)
 
     def __post_init__(self) -> None:
         n = self.min_lead_chunks
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_MIN_LEAD_CHUNKS:
             raise ValueError(f"RankSpec.min_lead_chunks = {n!r}; expected an integer in [1, {MAX_MIN_LEAD_CHUNKS}] "
                              "(a rewind reaches at most the generator's undo depth + 1 chunks)")
+        if not 0 <= self.pad_chunk_ms < 10_000:
+            raise ValueError(f"RankSpec.pad_chunk_ms = {self.pad_chunk_ms!r}; expected 0 (off) or a chunk time in ms "
+                             "below 10000")
 
     def model_config(self) -> ModelConfig:
         return ModelConfig.from_name(self.preset)
@@ -152,7 +157,7 @@ def build_dit(spec: RankSpec, rank: int, tp_group: dist.ProcessGroup) -> ChunkGe
     gen = build_generator(cfg, mode=spec.mode, device=spec.layout.device_of(rank), seed=spec.weights_seed,
                           engine=spec.engine, model=model)
     gen.warm_up()  # before the worker says warm: the first session captures no graphs
-    return gen
+    return PaddedGenerator(gen, spec.pad_chunk_ms) if spec.pad_chunk_ms > 0 else gen
 
 
 def session_dir(out_dir: str | None, session_id: str) -> Path | None:
