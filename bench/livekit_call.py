@@ -466,7 +466,8 @@ def summary(calls: list[dict]) -> dict:
             "received_fps_min": min((m["received_fps"] for m in ms), default=None),
             "minute_fps_min": min(minute_fps, default=None), "freezes_total": sum(m["freezes"] for m in ms),
             "longest_gap_ms_max": max((m["longest_gap_ms"] for m in ms), default=None),
-            "turns": int(len(lat)), "turns_without_motion": sum(m["turns_without_motion"] for m in ms),
+            "turns_sent": sum(m["turns_sent"] for m in ms), "turns_measured": int(len(lat)),
+            "turns_without_motion": sum(m["turns_without_motion"] for m in ms),
             "turn_latency_p50_s": round(float(np.percentile(lat, 50)), 4) if len(lat) else None,
             "turn_latency_p99_s": round(float(np.percentile(lat, 99)), 4) if len(lat) else None,
             "av_offset_ms_range": [min(offsets), max(offsets)] if offsets else None,
@@ -576,7 +577,7 @@ def markdown(report: dict) -> str:
         s, st = rnd["summary"], rnd["stages"]
         lines.append(f"| {s['calls']} | {s['calls_holding']} | {s['received_fps_min']} / {s['minute_fps_min']} | "
                      f"{s['freezes_total']} | {s['longest_gap_ms_max']} | {s['turn_latency_p50_s']} / "
-                     f"{s['turn_latency_p99_s']} ({s['turns']} turns, {s['turns_without_motion']} without motion) | "
+                     f"{s['turn_latency_p99_s']} ({s['turns_sent']} turns, {s['turns_without_motion']} without motion) | "
                      f"{s['av_offset_ms_range']} ({s['av_offset_r_min']}) | {rnd['cpu_cores_used']} | "
                      f"{st.get('diffuse_ms_p50')}/{st.get('diffuse_ms_p90')}/{st.get('diffuse_ms_max')} |")
     first = report["rounds"][0]

@@ -61,7 +61,7 @@ def test_turn_latency_percentiles_and_a_turn_whose_mouth_never_moved():
 
 
 def measurement(**over) -> dict:
-    base = {"received_fps": 24.0, "freezes": 0, "av_offset_ms": 20.0, "av_offset_r": 0.8, "turn_latency_p50_s": 0.3,
+    base = {"received_fps": 24.0, "turns_sent": 2, "freezes": 0, "av_offset_ms": 20.0, "av_offset_r": 0.8, "turn_latency_p50_s": 0.3,
             "turn_latency_p99_s": 0.45, "turns_without_motion": 0, "longest_gap_ms": 60.0,
             "turn_latency_s": [0.3, 0.45], "minutes": [{"received_fps": 24.0, "seconds": 60.0}]}
     return base | over
@@ -92,7 +92,7 @@ def test_a_rounds_summary_is_its_worst_call_and_all_its_turns():
     s = summary(calls)
     assert s["calls"] == 2 and s["calls_holding"] == 1
     assert s["received_fps_min"] == 22.0 and s["freezes_total"] == 3
-    assert s["turns"] == 3 and s["turns_without_motion"] == 1
+    assert s["turns_measured"] == 3 and s["turns_sent"] == 4 and s["turns_without_motion"] == 1
     assert s["av_offset_ms_range"] == [-10.0, 20.0]
 
 
