@@ -18,31 +18,35 @@ if ls .whl/*.whl >/dev/null 2>&1; then
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 # Packages too large for one call's 64 MiB travel as an xz'd tar of installed files, split over consecutive calls
-# (bench/gpu_stage.sh writes .stage-*/; a warm machine keeps what a previous call carried): unpacked once into
-# /tmp/site when every part is there
-if ls .stage-*/site.tar.xz.part* >/dev/null 2>&1 && [ ! -f /tmp/site/.staged ]; then
-    want=$(cat .stage-*/parts 2>/dev/null | head -1); have=$(ls .stage-*/site.tar.xz.part* | wc -l)
+# (bench/gpu_stage.sh writes .stage-*/). Each call's copy of the repo starts afresh, but /tmp stays while the machine
+# is warm: every call moves the parts it carried to /tmp/vivant-stage, and once all are there they are unpacked
+# into /tmp/site (and livekit-server into /tmp/vivant-bin)
+STAGE=/tmp/vivant-stage
+mkdir -p "$STAGE"
+for f in .stage-*/*; do [ -f "$f" ] && cp "$f" "$STAGE/"; done
+if ls "$STAGE"/site.tar.xz.part-* >/dev/null 2>&1 && [ ! -f /tmp/site/.staged ]; then
+    want=$(cat "$STAGE/parts"); have=$(ls "$STAGE"/site.tar.xz.part-* | wc -l)
     if [ "$have" = "$want" ]; then
-        mkdir -p /tmp/site && cat $(find .stage-* -name 'site.tar.xz.part-*' -printf '%f %p\n' | sort | cut -d' ' -f2) \
-            | xz -d | tar x -C /tmp/site \
+        mkdir -p /tmp/site && cat $(ls "$STAGE"/site.tar.xz.part-* | sort) | xz -d | tar x -C /tmp/site \
             && touch /tmp/site/.staged && echo "staged packages unpacked into /tmp/site"
     else echo "staged packages: $have of $want parts here"; fi
 fi
 [ -f /tmp/site/.staged ] && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+if [ -f "$STAGE/livekit-server.xz" ] && [ ! -x /tmp/vivant-bin/livekit-server ]; then
+    mkdir -p /tmp/vivant-bin && xz -dc "$STAGE/livekit-server.xz" > /tmp/vivant-bin/livekit-server \
+        && chmod +x /tmp/vivant-bin/livekit-server
+fi
+[ -x /tmp/vivant-bin/livekit-server ] && export VIVANT_LIVEKIT_SERVER=/tmp/vivant-bin/livekit-server
+# the agent's speech made beforehand (.tts/), kept for the calls that follow
+if ls .tts/*.wav >/dev/null 2>&1; then mkdir -p /tmp/vivant-tts && cp .tts/*.wav /tmp/vivant-tts/; fi
 # redis-server from Debian packages in .deb/ (unpacked beside, never over /), run through a wrapper that finds its libs
-if ls .deb/redis-server_*.deb >/dev/null 2>&1 && [ -z "${REDIS_SERVER:-}" ]; then
-    for f in .deb/*.deb; do dpkg -x "$f" /tmp/redis-root; done
+if [ -z "${REDIS_SERVER:-}" ] && { ls .deb/redis-server_*.deb >/dev/null 2>&1 || [ -x /tmp/redis-root/usr/bin/redis-server ]; }; then
+    for f in .deb/*.deb; do [ -f "$f" ] && dpkg -x "$f" /tmp/redis-root; done
     mkdir -p /tmp/vivant-bin
     printf '#!/bin/sh\nLD_LIBRARY_PATH=/tmp/redis-root/usr/lib/x86_64-linux-gnu exec /tmp/redis-root/usr/bin/redis-server "$@"\n' \
         > /tmp/vivant-bin/redis-server && chmod +x /tmp/vivant-bin/redis-server && export REDIS_SERVER=/tmp/vivant-bin/redis-server
     export PATH="/tmp/vivant-bin:$PATH"
 fi
-# livekit-server built where Go is (bench/gpu_stage.sh: .stage-*/livekit-server.xz), for STEPS=call
-if ls .stage-*/livekit-server.xz >/dev/null 2>&1 && [ ! -x /tmp/vivant-bin/livekit-server ]; then
-    mkdir -p /tmp/vivant-bin && xz -dc .stage-*/livekit-server.xz > /tmp/vivant-bin/livekit-server \
-        && chmod +x /tmp/vivant-bin/livekit-server
-fi
-[ -x /tmp/vivant-bin/livekit-server ] && export VIVANT_LIVEKIT_SERVER=/tmp/vivant-bin/livekit-server
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 STEPS=${STEPS:-smoke,tests,tp4,tp1,decode}  # which parts to run (comma-separated)
@@ -75,10 +79,10 @@ step session "served runtime: 60 s ref session, 1 DiT rank + decoder on the same
 step quality "eval quality: served engine on ref vs float32, held-out speech" bash -c "python3 -m vivant eval quality \
     --device cuda --wav weights/ref/data/held_out.wav --seconds ${QUALITY_SECONDS:-60} --json > $OUT/quality_ref_cuda.json"
 # whole LiveKit calls on this machine, measured at each receiver (bench/livekit_call.py): the ref character on the GPU,
-# the agent's speech made beforehand (.tts/, bench/gpu_stage.sh: espeak-ng is not here). CALL_SECONDS per call,
+# the agent's speech made beforehand (.tts/ -> /tmp/vivant-tts, bench/gpu_stage.sh: espeak-ng is not here). CALL_SECONDS per call,
 # CALL_COUNTS concurrent calls per round (e.g. 4,8,16), CALL_ARGS e.g. "--step-ms 103 --interrupt-every 4"
 step call "bench call: ref on cuda into a real LiveKit room, measured at the receivers" python3 -m vivant bench call \
-    --device cuda --tts-cache .tts --seconds ${CALL_SECONDS:-60} --calls ${CALL_COUNTS:-1} ${CALL_ARGS:-} \
-    --out "$OUT/call${CALL_TAG:-}"
+    --device cuda --tts-cache /tmp/vivant-tts --seconds ${CALL_SECONDS:-60} --calls ${CALL_COUNTS:-1} ${CALL_ARGS:-} \
+    --out "${CALL_OUT:-$OUT/call${CALL_TAG:-}}"
 step decode "bench decode 57b" python3 -m vivant bench decode --preset 57b --device cuda --chunks 20 --json --out "$OUT/decode_57b.json"
 ls -la "$OUT"
