@@ -455,8 +455,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import kubernetes
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         config = ApiConfig.from_file(args.avatars, args.namespace)
@@ -476,6 +474,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.local:
         return run_local(config, keys, args.redis, args.host or "127.0.0.1", args.port)
+    import kubernetes  # the cluster's client: not needed by --local (a machine without it runs the local API)
+
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
