@@ -37,7 +37,7 @@ from livekit.agents import AgentSession, get_job_context
 from livekit.agents.voice.avatar import AvatarSession, DataStreamAudioOutput
 from pydantic import ValidationError
 from vivant.apis.livekit_token import LiveKitCredentials, mint_avatar_token
-from vivant.gateway import models as m
+from vivant.gateway import models
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +75,9 @@ def session_request_body(*, avatar_id: str, livekit_url: str, token: str, room: 
     if max_duration_s is not None:
         body["maxDuration"] = int(max_duration_s)
     try:
-        m.CreateSessionRequest.model_validate(body)
+        models.CreateSessionRequest.model_validate(body)
     except ValidationError as exc:  # names the field, never echoes the token
-        path, msg = m.first_validation_problem(exc)
+        path, msg = models.first_validation_problem(exc)
         raise VivantAvatarError(f"session request: {path}: {msg}") from None
     return body
 
@@ -116,7 +116,7 @@ class VivantAvatarSession(AvatarSession):
     async def create_session(self, body: dict[str, Any]) -> str:
         """POST the session; returns its id. Errors carry the API's status and code."""
         async with aiohttp.ClientSession(timeout=self._timeout) as http, \
-                http.post(self.api_url + m.ROUTE_COLLECTION, json=body, headers=self._headers()) as resp:
+                http.post(self.api_url + models.ROUTE_COLLECTION, json=body, headers=self._headers()) as resp:
             text = await resp.text()
             if resp.status != 201:
                 code = None
@@ -134,7 +134,7 @@ class VivantAvatarSession(AvatarSession):
         if self.session_id is None:
             return
         async with aiohttp.ClientSession(timeout=self._timeout) as http, \
-                http.delete(f"{self.api_url}{m.ROUTE_COLLECTION}/{self.session_id}", headers=self._headers()) as resp:
+                http.delete(f"{self.api_url}{models.ROUTE_COLLECTION}/{self.session_id}", headers=self._headers()) as resp:
             if resp.status not in (204, 404):
                 log.warning("vivant API: DELETE session answered %s", resp.status)
 

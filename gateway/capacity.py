@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from vivant.apis import resources as r
+from vivant.apis import resources
 
 LEASE_GROUP, LEASE_VERSION, LEASE_PLURAL = "coordination.k8s.io", "v1", "leases"
 LABEL_POOL = "vivant.dev/slot-pool"
@@ -70,7 +70,7 @@ class SlotClaim:
 
 def is_active(cs: dict[str, Any]) -> bool:
     """A session that holds capacity: not terminal and not being deleted."""
-    terminal = {p.value for p in r.TERMINAL_PHASES}
+    terminal = {p.value for p in resources.TERMINAL_PHASES}
     return ((cs.get("status") or {}).get("phase") not in terminal
             and not (cs.get("metadata") or {}).get("deletionTimestamp"))
 
@@ -180,4 +180,4 @@ async def claim_slot(
 
 def owner_of_pool(wp: dict[str, Any]) -> dict[str, Any]:
     meta = wp.get("metadata") or {}
-    return {"apiVersion": r.API_VERSION, "kind": r.POOL_KIND, "name": meta.get("name", ""), "uid": meta.get("uid", "")}
+    return {"apiVersion": resources.API_VERSION, "kind": resources.POOL_KIND, "name": meta.get("name", ""), "uid": meta.get("uid", "")}

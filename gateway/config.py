@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pydantic
 import yaml
-from vivant.apis import resources as r
+from vivant.apis import resources
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +26,8 @@ class AvatarEntry(pydantic.BaseModel):
     """What an avatar id of the API means here: which character the worker renders, in which pool."""
 
     model_config = pydantic.ConfigDict(extra="forbid", strict=True)
-    character: str = pydantic.Field(min_length=1, max_length=128, pattern=r.IDENTIFIER)
-    pool: r.PoolName  # the name rule of WorkerPools (apis/resources.py)
+    character: str = pydantic.Field(min_length=1, max_length=128, pattern=resources.IDENTIFIER)
+    pool: resources.PoolName  # the name rule of WorkerPools (apis/resources.py)
 
 
 class ApiLimits(pydantic.BaseModel):
@@ -57,7 +57,7 @@ class ApiConfig(pydantic.BaseModel):
     """Typed configuration of one API server (one namespace)."""
 
     model_config = pydantic.ConfigDict(extra="forbid")
-    namespace: str = pydantic.Field(min_length=1, max_length=63, pattern=r.DNS_LABEL)
+    namespace: str = pydantic.Field(min_length=1, max_length=63, pattern=resources.DNS_LABEL)
     avatars: dict[str, AvatarEntry]
     default_max_duration_s: int = pydantic.Field(default=1800, ge=10, le=86_400)
     retry_after_s: int = pydantic.Field(default=5, ge=1, le=3600)

@@ -22,7 +22,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from pydantic.alias_generators import to_camel
-from vivant.apis import resources as r
+from vivant.apis import resources
 
 ROUTE_COLLECTION = "/v1/realtime_sessions"
 ROUTE_ITEM = "/v1/realtime_sessions/{id}"
@@ -42,12 +42,12 @@ class _Body(BaseModel):
 
 class CustomAvatar(_Body):
     type: Literal["custom"]
-    avatar_id: Annotated[str, Field(min_length=1, max_length=128, pattern=r.IDENTIFIER)]
+    avatar_id: Annotated[str, Field(min_length=1, max_length=128, pattern=resources.IDENTIFIER)]
 
 
 class PresetAvatar(_Body):
     type: Literal["runway-preset", "preset"]
-    preset_id: Annotated[str, Field(min_length=1, max_length=128, pattern=r.IDENTIFIER)]
+    preset_id: Annotated[str, Field(min_length=1, max_length=128, pattern=resources.IDENTIFIER)]
 
 
 Avatar = Annotated[CustomAvatar | PresetAvatar, Field(discriminator="type")]
@@ -58,8 +58,8 @@ class LiveKitJoin(_Body):
 
     url: Annotated[str, Field(min_length=6, max_length=512, pattern=r"^(wss?|https?)://[^\s/]+(/\S*)?$")]
     token: SecretStr = Field(min_length=16, max_length=MAX_TOKEN_CHARS)
-    room_name: r.LiveKitRoomName
-    agent_identity: r.LiveKitIdentity
+    room_name: resources.LiveKitRoomName
+    agent_identity: resources.LiveKitIdentity
 
 
 class CreateSessionRequest(_Body):
@@ -90,13 +90,13 @@ class SessionStatusResponse(_Body):
     ended_at: str | None = None
 
 
-STATUS_OF_PHASE: dict[r.SessionPhase, str] = {
-    r.SessionPhase.PENDING: "NOT_READY",
-    r.SessionPhase.ASSIGNED: "NOT_READY",
-    r.SessionPhase.CONNECTING: "NOT_READY",
-    r.SessionPhase.STREAMING: "RUNNING",
-    r.SessionPhase.ENDED: "COMPLETED",
-    r.SessionPhase.FAILED: "FAILED",
+STATUS_OF_PHASE: dict[resources.SessionPhase, str] = {
+    resources.SessionPhase.PENDING: "NOT_READY",
+    resources.SessionPhase.ASSIGNED: "NOT_READY",
+    resources.SessionPhase.CONNECTING: "NOT_READY",
+    resources.SessionPhase.STREAMING: "RUNNING",
+    resources.SessionPhase.ENDED: "COMPLETED",
+    resources.SessionPhase.FAILED: "FAILED",
 }
 
 

@@ -11,7 +11,7 @@ import functools
 from typing import Any
 
 from pydantic.json_schema import models_json_schema
-from vivant.gateway import models as m
+from vivant.gateway import models as wire
 
 _REF = "#/components/schemas/{model}"
 
@@ -28,16 +28,16 @@ _RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying"
 _AUTH_ERRORS = {"401": _error("missing, malformed or invalid API key",
                               {"WWW-Authenticate": {"schema": {"type": "string"}}})}
 _ID = {"name": "id", "in": "path", "required": True,
-       "schema": {"type": "string", "pattern": m.SESSION_ID_PATTERN, "maxLength": 63}}
+       "schema": {"type": "string", "pattern": wire.SESSION_ID_PATTERN, "maxLength": 63}}
 
 
 @functools.cache
 def openapi_document(avatar_ids: tuple[str, ...] = ()) -> dict[str, Any]:
     """The document; with `avatar_ids` (the avatars this server serves), `avatarId`/`presetId` list them as
     an enum, so a generated request can name one. Callers never mutate the (cached) result."""
-    models = [(m.CreateSessionRequest, "validation"), (m.CreateSessionResponse, "serialization"),
-              (m.SessionStatusResponse, "serialization"), (m.ApiError, "serialization")]
-    _, schemas = models_json_schema(models, by_alias=True, ref_template=_REF)
+    shapes = [(wire.CreateSessionRequest, "validation"), (wire.CreateSessionResponse, "serialization"),
+              (wire.SessionStatusResponse, "serialization"), (wire.ApiError, "serialization")]
+    _, schemas = models_json_schema(shapes, by_alias=True, ref_template=_REF)
     if avatar_ids:
         schemas["$defs"]["CustomAvatar"]["properties"]["avatarId"]["enum"] = list(avatar_ids)
         schemas["$defs"]["PresetAvatar"]["properties"]["presetId"]["enum"] = list(avatar_ids)
@@ -53,11 +53,11 @@ def openapi_document(avatar_ids: tuple[str, ...] = ()) -> dict[str, Any]:
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
         "security": [{"bearer": []}],
         "paths": {
-            m.ROUTE_COLLECTION: {"post": {
+            wire.ROUTE_COLLECTION: {"post": {
                 "operationId": "createSession",
-                "parameters": [{"name": m.IDEMPOTENCY_HEADER, "in": "header", "required": False,
-                                "schema": {"type": "string", "pattern": m.IDEMPOTENCY_KEY_PATTERN,
-                                           "maxLength": m.IDEMPOTENCY_KEY_MAX}}],
+                "parameters": [{"name": wire.IDEMPOTENCY_HEADER, "in": "header", "required": False,
+                                "schema": {"type": "string", "pattern": wire.IDEMPOTENCY_KEY_PATTERN,
+                                           "maxLength": wire.IDEMPOTENCY_KEY_MAX}}],
                 "requestBody": {"required": True, "content": json_body},
                 "responses": {
                     "201": {"description": "the session (a retry of the same request answers the same id)",
@@ -72,7 +72,7 @@ def openapi_document(avatar_ids: tuple[str, ...] = ()) -> dict[str, Any]:
                     "502": _error("the Kubernetes API failed", _RETRY_AFTER),
                     "503": unavailable,
                 }}},
-            m.ROUTE_ITEM: {
+            wire.ROUTE_ITEM: {
                 "get": {"operationId": "getSession", "parameters": [_ID], "responses": {
                     "200": {"description": "the session's state", "content": {"application/json": {
                         "schema": {"$ref": _REF.format(model="SessionStatusResponse")}}}},

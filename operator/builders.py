@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from vivant.apis import resources as r
+from vivant.apis import resources
 
 MANAGED_BY = "vivant-operator"
 METRICS_PORT = 9400
@@ -35,7 +35,7 @@ class Owner:
     kind: str
     name: str
     uid: str
-    api_version: str = r.API_VERSION
+    api_version: str = resources.API_VERSION
 
     def reference(self) -> dict[str, Any]:
         return {
@@ -79,11 +79,11 @@ def _selector_labels(pool_name: str) -> dict[str, str]:
     return {k: v for k, v in pool_labels(pool_name).items() if k != "app.kubernetes.io/managed-by"}
 
 
-def _affinity(spec: r.WorkerPoolSpec) -> dict[str, Any] | None:
+def _affinity(spec: resources.WorkerPoolSpec) -> dict[str, Any] | None:
     if spec.affinity is None:
         return None
 
-    def term(t: r.NodeSelectorTerm) -> dict[str, Any]:
+    def term(t: resources.NodeSelectorTerm) -> dict[str, Any]:
         return {"matchExpressions": [e.model_dump(by_alias=True, exclude_none=True) for e in t.match_expressions]}
 
     node: dict[str, Any] = {}
@@ -97,14 +97,14 @@ def _affinity(spec: r.WorkerPoolSpec) -> dict[str, Any] | None:
 
 
 def build_statefulset(
-    name: str, namespace: str, owner: Owner, spec: r.WorkerPoolSpec, replicas: int, runtime: WorkerRuntime
+    name: str, namespace: str, owner: Owner, spec: resources.WorkerPoolSpec, replicas: int, runtime: WorkerRuntime
 ) -> dict[str, Any]:
     """The pool's StatefulSet at `replicas` pods (the scaler decides the number)."""
     if replicas < 0 or replicas > spec.max_workers:
         raise ValueError(f"replicas: expected 0..maxWorkers ({spec.max_workers}), got {replicas}")
     gpus = str(spec.gpus_per_worker)  # quantities are strings for the kubernetes client
     env = [
-        {"name": "VIVANT_POOL", "value": r.pool_key(namespace, name)},
+        {"name": "VIVANT_POOL", "value": resources.pool_key(namespace, name)},
         {"name": "VIVANT_WORKER_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "VIVANT_NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "VIVANT_MODEL_PRESET", "value": spec.model.preset},
@@ -267,7 +267,7 @@ def set_condition(
 
 def session_phase_patch(
     status: dict[str, Any],
-    phase: r.SessionPhase,
+    phase: resources.SessionPhase,
     reason: str,
     message: str = "",
     *,
@@ -278,14 +278,14 @@ def session_phase_patch(
 
     Extra keyword fields are status fields in snake_case (worker=..., avg_fps=...), written camelCase.
     """
-    ready = phase == r.SessionPhase.STREAMING
+    ready = phase == resources.SessionPhase.STREAMING
     patch: dict[str, Any] = {
         "phase": phase.value,
         "message": message[:1024] or None,
         "conditions": set_condition(status.get("conditions") or [], "Ready", ready, reason, message, now=now),
     }
-    if phase in r.TERMINAL_PHASES and not status.get("endedAt"):
+    if phase in resources.TERMINAL_PHASES and not status.get("endedAt"):
         patch["endedAt"] = now_iso(now)
     for key, value in fields.items():
-        patch[r.CharacterSessionStatus.model_fields[key].alias or key] = value
+        patch[resources.CharacterSessionStatus.model_fields[key].alias or key] = value
     return patch

@@ -17,7 +17,7 @@ from typing import Any
 
 import kubernetes
 from kubernetes.client.rest import ApiException
-from vivant.apis import resources as r
+from vivant.apis import resources
 from vivant.operator import builders
 
 FIELD_MANAGER = "vivant-operator"
@@ -175,7 +175,7 @@ def worker_pool(namespace: str, name: str) -> dict[str, Any] | None:
     """A WorkerPool object, None if there is none of that name."""
     try:
         return kubernetes.client.CustomObjectsApi().get_namespaced_custom_object(
-            r.GROUP, r.VERSION, namespace, r.POOL_PLURAL, name)
+            resources.GROUP, resources.VERSION, namespace, resources.POOL_PLURAL, name)
     except ApiException as exc:
         if exc.status == 404:
             return None
@@ -202,7 +202,7 @@ def patch_session_status(namespace: str, name: str, status: dict[str, Any]) -> s
     after the write; None if the session is gone."""
     try:
         obj = kubernetes.client.CustomObjectsApi().patch_namespaced_custom_object_status(
-            r.GROUP, r.VERSION, namespace, r.SESSION_PLURAL, name, {"status": status})
+            resources.GROUP, resources.VERSION, namespace, resources.SESSION_PLURAL, name, {"status": status})
     except ApiException as exc:
         if exc.status == 404:
             return None

@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from vivant.apis import resources as r
+from vivant.apis import resources
 from vivant.apis.feature_flags import FUSED_GEMM_ALL_REDUCE
 from vivant.apis.livekit_token import LiveKitCredentials, avatar_identity, mint_avatar_token
-from vivant.operator import builders as b
+from vivant.operator import builders
 from vivant.sessions.flags import FlagStore
 from vivant.sessions.models import Assignment, FlagSet, PoolCounts
 from vivant.sessions.registry import Registry, RegistryUnavailable, SessionObservation
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 AUTO_ROLLBACK_ACTOR = "operator:auto-rollback"
 # The phases a worker's report may move a session to (Pending and Assigned are the operator's own).
-_WORKER_REPORTED_PHASES = frozenset({r.SessionPhase.CONNECTING, r.SessionPhase.STREAMING, *r.TERMINAL_PHASES})
+_WORKER_REPORTED_PHASES = frozenset({resources.SessionPhase.CONNECTING, resources.SessionPhase.STREAMING, *resources.TERMINAL_PHASES})
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,8 @@ class SessionRef:
     def session_id(self) -> str:
         return f"{self.namespace}/{self.name}"
 
-    def owner(self) -> b.Owner:
-        return b.Owner(kind=r.SESSION_KIND, name=self.name, uid=self.uid)
+    def owner(self) -> builders.Owner:
+        return builders.Owner(kind=resources.SESSION_KIND, name=self.name, uid=self.uid)
 
 
 @dataclass
@@ -154,7 +154,7 @@ def why_no_worker(pool_name: str, namespace: str, view: PoolView, counts: PoolCo
 
 def assign_session(
     ref: SessionRef,
-    spec: r.CharacterSessionSpec,
+    spec: resources.CharacterSessionSpec,
     status: dict[str, Any],
     *,
     registry: Registry,
@@ -175,19 +175,19 @@ def assign_session(
     session waits with reason TokenSecretFailed).
     While no worker is free, `pool_view()` (if given) tells why, and the status says it.
     """
-    if status.get("phase") not in (None, r.SessionPhase.PENDING.value) or status.get("worker"):
+    if status.get("phase") not in (None, resources.SessionPhase.PENDING.value) or status.get("worker"):
         return Outcome()
-    pool = r.pool_key(ref.namespace, spec.pool)
+    pool = resources.pool_key(ref.namespace, spec.pool)
     waited = (now - ref.created).total_seconds()
 
     def wait(reason: str, msg: str, warn: bool = False) -> Outcome:
         if waited > timeouts.pending_s:
             msg = f"{msg} for {waited:.0f}s (limit {timeouts.pending_s:.0f}s)"
-            return Outcome(status=b.session_phase_patch(status, r.SessionPhase.FAILED, reason, msg, now=now),
+            return Outcome(status=builders.session_phase_patch(status, resources.SessionPhase.FAILED, reason, msg, now=now),
                            events=[("Warning", reason, msg)])
         if status.get("message") == msg:
             return Outcome(retry_s=2.0)
-        return Outcome(status=b.session_phase_patch(status, r.SessionPhase.PENDING, reason, msg, now=now),
+        return Outcome(status=builders.session_phase_patch(status, resources.SessionPhase.PENDING, reason, msg, now=now),
                        events=[("Warning", reason, msg)] if warn else [], retry_s=2.0)
 
     supplied = getattr(spec.livekit, "token_secret", None)
@@ -218,11 +218,11 @@ def assign_session(
                 credentials, room=spec.livekit.room, identity=avatar_identity(ref.name),
                 agent_identity=spec.livekit.agent_identity, ttl=token_ttl,
             )
-            apply_secret(b.build_token_secret(ref.name, ref.namespace, ref.owner(), token))
+            apply_secret(builders.build_token_secret(ref.name, ref.namespace, ref.owner(), token))
         registry.send_assignment(worker, _assignment(ref, spec, token))
     except SecretWriteError as exc:
         registry.release(pool, worker, ref.session_id)
-        return wait("TokenSecretFailed", f"cannot write token Secret {b.token_secret_name(ref.name)}: {exc}", warn=True)
+        return wait("TokenSecretFailed", f"cannot write token Secret {builders.token_secret_name(ref.name)}: {exc}", warn=True)
     except BaseException:
         registry.release(pool, worker, ref.session_id)  # nothing was sent: the worker is free again
         raise
@@ -239,16 +239,16 @@ def _assigned(ref: SessionRef, status: dict[str, Any], worker: str, *, registry:
         info = registry.worker_info(worker)  # this worker only: never the whole pool per assignment
     except RegistryUnavailable:
         info = None
-    patch = b.session_phase_patch(
-        status, r.SessionPhase.ASSIGNED, "WorkerAssigned", msg, now=now,
+    patch = builders.session_phase_patch(
+        status, resources.SessionPhase.ASSIGNED, "WorkerAssigned", msg, now=now,
         worker=worker, node=(info.node or None) if info else None,
-        assigned_at=b.now_iso(now), token_secret=supplied or b.token_secret_name(ref.name),
+        assigned_at=builders.now_iso(now), token_secret=supplied or builders.token_secret_name(ref.name),
     )
     return Outcome(status=patch, events=[("Normal", "WorkerAssigned", msg)],
                    assigned_after_s=max(0.0, (now - ref.created).total_seconds()))
 
 
-def _already_assigned(ref: SessionRef, spec: r.CharacterSessionSpec, status: dict[str, Any], holder: str, *,
+def _already_assigned(ref: SessionRef, spec: resources.CharacterSessionSpec, status: dict[str, Any], holder: str, *,
                       registry: Registry, now: datetime, supplied: str | None,
                       read_token: Callable[[str], str | None] | None) -> Outcome:
     """A session whose status names no worker but which Redis says `holder` holds: an earlier attempt claimed
@@ -258,20 +258,20 @@ def _already_assigned(ref: SessionRef, spec: r.CharacterSessionSpec, status: dic
     report from the worker: the operator stopped between the claim and the send) is sent again, to the same
     worker, with the token already written."""
     if not registry.assignment_delivered(holder, ref.session_id):
-        token = read_token(supplied or b.token_secret_name(ref.name)) if read_token is not None else None
+        token = read_token(supplied or builders.token_secret_name(ref.name)) if read_token is not None else None
         if not token:
             # nothing to send it with: free the worker; the session is assigned afresh (new token) on its next try
-            registry.release(r.pool_key(ref.namespace, spec.pool), holder, ref.session_id)
+            registry.release(resources.pool_key(ref.namespace, spec.pool), holder, ref.session_id)
             return Outcome(retry_s=0.0)
         registry.send_assignment(holder, _assignment(ref, spec, token))
         log.warning("session %s: its claim of worker %s was never sent; sent now", ref.session_id, holder)
     return _assigned(ref, status, holder, registry=registry, now=now, supplied=supplied)
 
 
-def _assignment(ref: SessionRef, spec: r.CharacterSessionSpec, token: str) -> Assignment:
+def _assignment(ref: SessionRef, spec: resources.CharacterSessionSpec, token: str) -> Assignment:
     overrides = spec.flags.model_dump(by_alias=True, exclude_none=True) if spec.flags else {}
     return Assignment(
-        session_id=ref.session_id, namespace=ref.namespace, pool=r.pool_key(ref.namespace, spec.pool),
+        session_id=ref.session_id, namespace=ref.namespace, pool=resources.pool_key(ref.namespace, spec.pool),
         character=spec.character, room=spec.livekit.room, livekit_url=spec.livekit.url,
         agent_identity=spec.livekit.agent_identity, token=token, max_duration_s=float(spec.max_duration_seconds),
         flag_overrides=overrides,
@@ -287,7 +287,7 @@ def _end(ref: SessionRef, pool: str, worker: str, registry: Registry, reason: st
 
 def progress_session(
     ref: SessionRef,
-    spec: r.CharacterSessionSpec,
+    spec: resources.CharacterSessionSpec,
     status: dict[str, Any],
     *,
     registry: Registry,
@@ -301,9 +301,9 @@ def progress_session(
     (`Registry.observe_sessions`); read here when not given."""
     phase = status.get("phase")
     worker = status.get("worker")
-    if phase not in (r.SessionPhase.ASSIGNED, r.SessionPhase.CONNECTING, r.SessionPhase.STREAMING) or not worker:
+    if phase not in (resources.SessionPhase.ASSIGNED, resources.SessionPhase.CONNECTING, resources.SessionPhase.STREAMING) or not worker:
         return Outcome()
-    pool = r.pool_key(ref.namespace, spec.pool)
+    pool = resources.pool_key(ref.namespace, spec.pool)
     sid = ref.session_id
     obs = observed if observed is not None else registry.observe_sessions([sid])[sid]
 
@@ -311,12 +311,12 @@ def progress_session(
     if lost is not None:
         msg = f"worker {worker} lost: {lost}"
         registry.send_end(worker, sid, "WorkerLost")  # a worker that is in fact still streaming it stops
-        return Outcome(status=b.session_phase_patch(status, r.SessionPhase.FAILED, "WorkerLost", msg, now=now),
+        return Outcome(status=builders.session_phase_patch(status, resources.SessionPhase.FAILED, "WorkerLost", msg, now=now),
                        events=[("Warning", "WorkerLost", msg)])
 
     stats = obs.stats
     fields: dict[str, Any] = {}
-    new_phase = r.SessionPhase(phase)
+    new_phase = resources.SessionPhase(phase)
     reason, message = "WorkerAssigned", f"assigned to worker {worker}"
     out = Outcome()
     if stats is not None:
@@ -328,49 +328,49 @@ def progress_session(
                                    f"worker {worker} made a chunk with NaN/Inf latents; the model restarted after it "
                                    "and the stream went on"))
         if stats.phase in _WORKER_REPORTED_PHASES:
-            new_phase = r.SessionPhase(stats.phase)
-        if new_phase == r.SessionPhase.STREAMING:
+            new_phase = resources.SessionPhase(stats.phase)
+        if new_phase == resources.SessionPhase.STREAMING:
             reason, message = "Streaming", f"streaming on worker {worker}"
             if not status.get("startedAt"):
-                fields["started_at"] = b.now_iso(now)
-        elif new_phase == r.SessionPhase.CONNECTING:
+                fields["started_at"] = builders.now_iso(now)
+        elif new_phase == resources.SessionPhase.CONNECTING:
             reason, message = "Connecting", f"worker {worker} is joining the room"
-        elif new_phase in r.TERMINAL_PHASES:
-            reason = "WorkerEnded" if new_phase == r.SessionPhase.ENDED else "WorkerFailed"
+        elif new_phase in resources.TERMINAL_PHASES:
+            reason = "WorkerEnded" if new_phase == resources.SessionPhase.ENDED else "WorkerFailed"
             message = f"worker {worker} ended the session: {stats.end_reason or 'no reason given'}"
             registry.release(pool, worker, sid)
         if getattr(stats.flags, FUSED_GEMM_ALL_REDUCE):
             if stats.numerical_fault:
                 out.rollback = (pool, f"session {sid} reported a numerical fault on the fused path")
-            elif stats.streamed_s >= r.SLO_MIN_STREAMED_SECONDS and stats.fps < r.SLO_MIN_FPS:
-                out.rollback = (pool, f"session {sid} averaged {stats.fps:.1f} fps < {r.SLO_MIN_FPS} on the fused path")
+            elif stats.streamed_s >= resources.SLO_MIN_STREAMED_SECONDS and stats.fps < resources.SLO_MIN_FPS:
+                out.rollback = (pool, f"session {sid} averaged {stats.fps:.1f} fps < {resources.SLO_MIN_FPS} on the fused path")
     elif obs.holder is None and not registry.restore_lease(pool, worker, sid):
         # Redis lost the lease (restarted empty) and it cannot be rebuilt from this CR without a double
         # assignment: the worker holds another session now, or the session another worker.
-        new_phase, reason = r.SessionPhase.FAILED, "LeaseLost"
+        new_phase, reason = resources.SessionPhase.FAILED, "LeaseLost"
         message = f"worker {worker} no longer holds the session and reported nothing"
         registry.send_end(worker, sid, "LeaseLost")
 
     assigned_at = _parse_time(status.get("assignedAt")) or ref.created
     age = (now - assigned_at).total_seconds()
-    if new_phase in (r.SessionPhase.ASSIGNED, r.SessionPhase.CONNECTING) and age > timeouts.connect_s:
+    if new_phase in (resources.SessionPhase.ASSIGNED, resources.SessionPhase.CONNECTING) and age > timeouts.connect_s:
         _end(ref, pool, worker, registry, "ConnectTimeout")
-        new_phase, reason = r.SessionPhase.FAILED, "ConnectTimeout"
+        new_phase, reason = resources.SessionPhase.FAILED, "ConnectTimeout"
         message = f"worker {worker} did not start streaming within {timeouts.connect_s:.0f}s"
-    elif new_phase not in r.TERMINAL_PHASES and age > spec.max_duration_seconds:
+    elif new_phase not in resources.TERMINAL_PHASES and age > spec.max_duration_seconds:
         _end(ref, pool, worker, registry, "MaxDuration")
-        new_phase, reason = r.SessionPhase.ENDED, "MaxDuration"
+        new_phase, reason = resources.SessionPhase.ENDED, "MaxDuration"
         message = f"ended after maxDurationSeconds={spec.max_duration_seconds}"
 
     # the worker goes with every write: a status whose Assigned write was lost still names it
-    patch = b.session_phase_patch(status, new_phase, reason, message, now=now, worker=worker, **fields)
+    patch = builders.session_phase_patch(status, new_phase, reason, message, now=now, worker=worker, **fields)
     changed = {k: v for k, v in patch.items() if k != "conditions" and status.get(k) != v}
     if changed or new_phase.value != phase:
         out.status = patch
-    if new_phase.value != phase and new_phase in r.TERMINAL_PHASES:
+    if new_phase.value != phase and new_phase in resources.TERMINAL_PHASES:
         # an Event where the session ended, and why; Connecting and Streaming are in its status only (an Event
         # is an API request each, and nothing a user acts on)
-        kind = "Warning" if new_phase == r.SessionPhase.FAILED else "Normal"
+        kind = "Warning" if new_phase == resources.SessionPhase.FAILED else "Normal"
         out.events.append((kind, reason, message))
     return out
 
@@ -386,7 +386,7 @@ class Release:
     forced: bool = False
 
 
-def release_session(ref: SessionRef, spec: r.CharacterSessionSpec, status: dict[str, Any], *, registry: Registry,
+def release_session(ref: SessionRef, spec: resources.CharacterSessionSpec, status: dict[str, Any], *, registry: Registry,
                     end_sent_at: datetime | None, now: datetime, grace_s: float, reason: str = "Deleted") -> Release:
     """On delete: ask the worker to stop, then wait until it has given the lease back.
 
@@ -397,7 +397,7 @@ def release_session(ref: SessionRef, spec: r.CharacterSessionSpec, status: dict[
     streams. Call again until `done`, passing when the end request was sent (`end_sent_at`, None the first
     time). A worker that has not given the lease back `grace_s` after the end request (hung; a dead one is
     reaped sooner) has it freed by the operator (`forced`)."""
-    pool = r.pool_key(ref.namespace, spec.pool)
+    pool = resources.pool_key(ref.namespace, spec.pool)
     holder = registry.worker_of(ref.session_id)
     if end_sent_at is None:
         workers = list(dict.fromkeys(w for w in (status.get("worker"), holder) if w))
@@ -429,14 +429,14 @@ def release_orphan_leases(pool: str, registry: Registry, live_sessions: set[str]
     return out
 
 
-def release_stale_lease(ref: SessionRef, spec: r.CharacterSessionSpec, status: dict[str, Any], *,
+def release_stale_lease(ref: SessionRef, spec: resources.CharacterSessionSpec, status: dict[str, Any], *,
                         holder: str | None, registry: Registry, now: datetime, grace_s: float) -> bool:
     """A session the operator ended (connect timeout, max duration) whose worker still holds the lease
     `grace_s` after the end: free it (the worker hung). True if a lease was freed."""
     ended = _parse_time(status.get("endedAt"))
     if holder is None or ended is None or (now - ended).total_seconds() < grace_s:
         return False
-    return registry.release(r.pool_key(ref.namespace, spec.pool), holder, ref.session_id)
+    return registry.release(resources.pool_key(ref.namespace, spec.pool), holder, ref.session_id)
 
 
 def auto_rollback(flags: FlagStore, pool: str, reason: str) -> FlagSet | None:
@@ -476,9 +476,9 @@ def plan_scale(current: int, busy: set[int], idle: set[int], min_idle: int, max_
     return ScalePlan(replicas=replicas, drain=tuple(str(i) for i in sorted(idle) if i >= replicas))
 
 
-def pool_scale(name: str, namespace: str, spec: r.WorkerPoolSpec, current: int, *, registry: Registry) -> ScalePlan:
+def pool_scale(name: str, namespace: str, spec: resources.WorkerPoolSpec, current: int, *, registry: Registry) -> ScalePlan:
     """Read the pool's workers from Redis, plan, and mark the workers to be removed as draining."""
-    pool = r.pool_key(namespace, name)
+    pool = resources.pool_key(namespace, name)
     registry.reap_dead_workers(pool)
     leases = registry.leases(pool)  # one HGETALL and one SMEMBERS, whatever the pool's size
     busy = {n for wid in leases if (n := ordinal(wid, name)) is not None}
@@ -496,7 +496,7 @@ def pool_scale(name: str, namespace: str, spec: r.WorkerPoolSpec, current: int, 
 
 
 def pool_status(name: str, namespace: str, registry: Registry, replicas: int) -> dict[str, Any]:
-    c = registry.pool_counts(r.pool_key(namespace, name))
+    c = registry.pool_counts(resources.pool_key(namespace, name))
     return {
         "replicas": replicas,
         "ready": c.idle + c.busy + c.draining,
@@ -504,15 +504,15 @@ def pool_status(name: str, namespace: str, registry: Registry, replicas: int) ->
         "busy": c.busy,
         "starting": c.loading,
         "draining": c.draining,
-        "selector": b.pool_selector(name),
+        "selector": builders.pool_selector(name),
     }
 
 
 def apply_spec_flags(
-    name: str, namespace: str, spec: r.WorkerPoolSpec, generation: int, status: dict[str, Any], flags: FlagStore
+    name: str, namespace: str, spec: resources.WorkerPoolSpec, generation: int, status: dict[str, Any], flags: FlagStore
 ) -> tuple[FlagSet, dict[str, Any]]:
     """Write spec.flags to Redis if this generation's spec was not applied yet; report flags + conditions."""
-    pool = r.pool_key(namespace, name)
+    pool = resources.pool_key(namespace, name)
     patch: dict[str, Any] = {}
     if status.get("flagsAppliedGeneration") != generation:
         current = flags.set(pool, spec.flags.model_dump(by_alias=True), actor=f"operator:spec(generation={generation})")
@@ -528,9 +528,9 @@ def apply_spec_flags(
     if differs:
         reason = "AutoRollback" if current.updated_by == AUTO_ROLLBACK_ACTOR else "OverriddenOutsideSpec"
         msg = f"flags {differs} of spec not in force: changed by {current.updated_by}; edit the spec to re-apply"
-        patch["conditions"] = b.set_condition(conditions, "FlagsMatchSpec", False, reason, msg, generation=generation)
+        patch["conditions"] = builders.set_condition(conditions, "FlagsMatchSpec", False, reason, msg, generation=generation)
     else:
-        patch["conditions"] = b.set_condition(conditions, "FlagsMatchSpec", True, "Applied", "", generation=generation)
+        patch["conditions"] = builders.set_condition(conditions, "FlagsMatchSpec", True, "Applied", "", generation=generation)
     return current, patch
 
 
@@ -578,7 +578,7 @@ def roll_pool(name: str, namespace: str, pods: list[dict[str, Any]], sts: dict[s
     """Plan the next roll step from Redis (busy and warm workers) and the StatefulSet, and mark the chosen
     worker draining so nothing claims it before it is deleted. None when nothing is to be done now, or
     when a claim raced the drain (that worker now rolls after its session)."""
-    pool = r.pool_key(namespace, name)
+    pool = resources.pool_key(namespace, name)
     update_revision = (sts.get("status") or {}).get("updateRevision")
     replicas = int((sts.get("spec") or {}).get("replicas") or 0)
     infos = registry.workers(pool)

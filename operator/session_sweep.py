@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pydantic
-from vivant.apis import resources as r
+from vivant.apis import resources
 from vivant.operator import reconcile
 from vivant.sessions.registry import Registry
 
@@ -43,8 +43,8 @@ END_GRACE_S = 15.0  # how long a worker has to give a lease back after an end re
 ANNOTATION_PREFIX = "vivant.dev"  # kopf's progress and diff-base annotations (handlers.configure)
 # kopf writes it once the create/resume handler has succeeded: a session without it is the create handler's to assign
 HANDLED_ANNOTATION = f"{ANNOTATION_PREFIX}/last-handled-configuration"
-_LIVE = frozenset({r.SessionPhase.ASSIGNED.value, r.SessionPhase.CONNECTING.value, r.SessionPhase.STREAMING.value})
-_TERMINAL = frozenset(p.value for p in r.TERMINAL_PHASES)
+_LIVE = frozenset({resources.SessionPhase.ASSIGNED.value, resources.SessionPhase.CONNECTING.value, resources.SessionPhase.STREAMING.value})
+_TERMINAL = frozenset(p.value for p in resources.TERMINAL_PHASES)
 _STATS_FIELDS = frozenset({"avgFps", "stalls", "chunkP99Ms"})
 
 
@@ -56,7 +56,7 @@ class SessionView:
     name: str
     uid: str
     created: datetime
-    spec: r.CharacterSessionSpec | None
+    spec: resources.CharacterSessionSpec | None
     status: dict[str, Any]
     deleting: bool
     resource_version: int | None = None  # metadata.resourceVersion when it is a number (etcd's revision)
@@ -66,7 +66,7 @@ class SessionView:
     def from_body(cls, body: Any) -> SessionView:
         meta = body.get("metadata") or {}
         try:
-            spec = r.CharacterSessionSpec.model_validate(dict(body.get("spec") or {}))
+            spec = resources.CharacterSessionSpec.model_validate(dict(body.get("spec") or {}))
         except pydantic.ValidationError:
             spec = None
         created = reconcile._parse_time(meta.get("creationTimestamp")) or datetime.now(tz=UTC)
@@ -82,7 +82,7 @@ class SessionView:
 
     def event_body(self) -> dict[str, Any]:
         """Enough of the object for kopf.event (an Event's involvedObject)."""
-        return {"apiVersion": r.API_VERSION, "kind": r.SESSION_KIND,
+        return {"apiVersion": resources.API_VERSION, "kind": resources.SESSION_KIND,
                 "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid}}
 
 
@@ -215,7 +215,7 @@ def sweep_pool(
         phase = st.get("phase")
         if phase in _LIVE and st.get("worker"):
             live.append((v, st))
-        elif phase in (None, r.SessionPhase.PENDING.value) and not st.get("worker"):
+        elif phase in (None, resources.SessionPhase.PENDING.value) and not st.get("worker"):
             waiting.append((v, st))
         elif phase in _TERMINAL and st.get("worker") and recently_ended(st, now):
             ended.append((v, st))

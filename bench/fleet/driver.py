@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kubernetes
-from vivant.apis import resources as r
+from vivant.apis import resources
 from vivant.apis.livekit_token import LiveKitCredentials, mint_avatar_token
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class SessionWatch:
         phase = st.get("phase")
         if phase and phase not in rec.phases:
             rec.phases[phase] = at
-            if phase == r.SessionPhase.FAILED.value:
+            if phase == resources.SessionPhase.FAILED.value:
                 rec.failed_reason = st.get("message")
         w = st.get("worker")
         if w and (not rec.workers or rec.workers[-1] != w):
@@ -97,7 +97,7 @@ class SessionWatch:
         """List once, then watch from the last resourceVersion seen; list again only when the server says
         that version is gone (410), never after each watch timeout (a list of a thousand objects is what
         loads an API server)."""
-        args = (r.GROUP, r.VERSION, self.namespace, r.SESSION_PLURAL)
+        args = (resources.GROUP, resources.VERSION, self.namespace, resources.SESSION_PLURAL)
         rv: str | None = None
         while not self.stop.is_set():
             try:
@@ -150,7 +150,7 @@ class Driver:
         name = f"s-{i:05d}"
         pool = self.pools[i % len(self.pools)]
         body = {
-            "apiVersion": r.API_VERSION, "kind": r.SESSION_KIND,
+            "apiVersion": resources.API_VERSION, "kind": resources.SESSION_KIND,
             "metadata": {"name": name, "namespace": self.namespace},
             "spec": {"character": "ada", "pool": pool, "maxDurationSeconds": 86_400,
                      "livekit": {"url": LIVEKIT_URL, "room": f"room-{name}", "agentIdentity": f"agent-{name}"}},
@@ -159,7 +159,7 @@ class Driver:
         self.watch.register(rec)
         rec.sent_at = time.time()
         try:
-            self.custom.create_namespaced_custom_object(r.GROUP, r.VERSION, self.namespace, r.SESSION_PLURAL, body)
+            self.custom.create_namespaced_custom_object(resources.GROUP, resources.VERSION, self.namespace, resources.SESSION_PLURAL, body)
         except Exception as exc:  # noqa: BLE001 (counted and reported)
             self.errors.append(f"create {name}: {exc}")
             return None
@@ -207,7 +207,7 @@ class Driver:
                                              headers={"Authorization": f"Bearer {self.api_key}"})
                 urllib.request.urlopen(req, timeout=120).close()
             else:
-                self.custom.delete_namespaced_custom_object(r.GROUP, r.VERSION, self.namespace, r.SESSION_PLURAL,
+                self.custom.delete_namespaced_custom_object(resources.GROUP, resources.VERSION, self.namespace, resources.SESSION_PLURAL,
                                                             rec.name)
         except Exception as exc:  # noqa: BLE001 (counted and reported)
             self.errors.append(f"delete {rec.name}: {exc}")

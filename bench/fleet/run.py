@@ -33,7 +33,7 @@ from typing import Any
 
 import kubernetes
 import redis
-from vivant.apis import resources as r
+from vivant.apis import resources
 from vivant.apis.livekit_token import LiveKitCredentials
 from vivant.bench.fleet import control_plane as cp
 from vivant.bench.fleet import report
@@ -131,7 +131,7 @@ class FleetBenchConfig:
 
 def pool_manifest(name: str, cfg: FleetBenchConfig) -> dict[str, Any]:
     return {
-        "apiVersion": r.API_VERSION, "kind": r.POOL_KIND, "metadata": {"name": name, "namespace": NAMESPACE},
+        "apiVersion": resources.API_VERSION, "kind": resources.POOL_KIND, "metadata": {"name": name, "namespace": NAMESPACE},
         "spec": {"model": {"preset": "57b", "checkpoint": "/models/vivant-57b"},
                  "image": "ghcr.io/vivant-dev/vivant-worker:0.1.0", "gpusPerWorker": cfg.gpus_per_worker,
                  "tensorParallel": 4 if (cfg.gpus_per_worker - 1) % 4 == 0 else 1,

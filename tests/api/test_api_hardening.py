@@ -17,7 +17,7 @@ from typing import Any
 import kubernetes
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from vivant.gateway import models as m
+from vivant.gateway import models
 from vivant.gateway import server as session_api
 
 KEY = "vk_test_0123456789abcdef"
@@ -80,7 +80,7 @@ async def test_non_utf8_authorization_is_401_not_500(client: Any, value: bytes) 
 ])
 async def test_pathological_json_is_400_not_500(client: Any, name: str, payload: bytes, expect: str) -> None:
     """Fact 2: deeply nested JSON (RecursionError) and a 5,000-digit integer (ValueError) were 500s."""
-    resp = await client.post(m.ROUTE_COLLECTION, data=payload, headers={**AUTH, "Content-Type": "application/json"})
+    resp = await client.post(models.ROUTE_COLLECTION, data=payload, headers={**AUTH, "Content-Type": "application/json"})
     got = await resp.json()
     assert resp.status == 400, (name, resp.status, got)
     assert got["error"] == {"code": "malformed_body", "field": "body", "message": got["error"]["message"]}, got
@@ -100,7 +100,7 @@ async def test_session_ids_outside_ascii_are_unknown(client: Any, sid: str) -> N
 @pytest.mark.parametrize(("header", "value"), [("Idempotency-Key", "é-not-ascii"), ("Idempotency-Key", "x" * 256),
                                                 ("Idempotency-Key", "")])
 async def test_bad_idempotency_key_is_400_naming_the_header(client: Any, header: str, value: str) -> None:
-    resp = await client.post(m.ROUTE_COLLECTION, json=body(), headers={**AUTH, header: value})
+    resp = await client.post(models.ROUTE_COLLECTION, json=body(), headers={**AUTH, header: value})
     got = await resp.json()
     assert resp.status == 400 and got["error"]["field"] == "Idempotency-Key", (resp.status, got)
 
@@ -116,7 +116,7 @@ async def test_only_what_livekit_refuses_is_refused_with_its_reason(client: Any,
                                                                     reason: str) -> None:
     """Fact 11, the refusing half: LiveKit refuses an empty name and one over 256 bytes; so does the API, in
     LiveKit's words (tests/livekit/test_livekit_names.py asks a real livekit-server)."""
-    resp = await client.post(m.ROUTE_COLLECTION, json=body(**{field: value}), headers=AUTH)
+    resp = await client.post(models.ROUTE_COLLECTION, json=body(**{field: value}), headers=AUTH)
     got = await resp.json()
     assert resp.status == 422 and got["error"]["field"] == f"livekit.{field}", (resp.status, got)
     assert reason in got["error"]["message"], got
@@ -128,17 +128,17 @@ async def test_a_lone_surrogate_is_refused_naming_the_field(client: Any, field: 
     """Item 9 of issue 36: JSON may escape a lone surrogate (\\ud800), which UTF-8 cannot hold; the room name
     was stored with U+FFFD in its place, without a word. It is a 422 naming the field now."""
     text = json.dumps(body(**{field: "PLACEHOLDER"})).replace("PLACEHOLDER", escaped)
-    resp = await client.post(m.ROUTE_COLLECTION, data=text.encode(), headers={**AUTH, "Content-Type": "application/json"})
+    resp = await client.post(models.ROUTE_COLLECTION, data=text.encode(), headers={**AUTH, "Content-Type": "application/json"})
     got = await resp.json()
     assert resp.status == 422 and got["error"]["field"] == f"livekit.{field}", (resp.status, got)
     assert "lone surrogate" in got["error"]["message"], got
 
 
 async def test_openapi_document_is_served_without_a_key(client: Any) -> None:
-    resp = await client.get(m.ROUTE_OPENAPI)
+    resp = await client.get(models.ROUTE_OPENAPI)
     doc = await resp.json()
     assert resp.status == 200 and doc["openapi"].startswith("3.1"), doc
-    assert set(doc["paths"]) == {m.ROUTE_COLLECTION, m.ROUTE_ITEM}
+    assert set(doc["paths"]) == {models.ROUTE_COLLECTION, models.ROUTE_ITEM}
     lk = doc["components"]["schemas"]["LiveKitJoin"]["properties"]
     assert lk["roomName"]["maxLength"] == 256 and "pattern" not in lk["roomName"], lk["roomName"]
 

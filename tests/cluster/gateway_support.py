@@ -10,7 +10,7 @@ import uuid
 from typing import Any
 
 import kubernetes
-from vivant.apis import resources as r
+from vivant.apis import resources
 
 KEY = "vk_test_0123456789abcdef"
 TOKEN = "eyJhbGciOiJIUzI1NiJ9.SECRET-LIVEKIT-TOKEN-" + uuid.uuid4().hex  # unique: searchable everywhere
@@ -49,7 +49,7 @@ def body(**overrides: Any) -> dict[str, Any]:
 
 
 def pool_manifest(name: str, max_workers: int) -> dict[str, Any]:
-    return {"apiVersion": r.API_VERSION, "kind": r.POOL_KIND, "metadata": {"name": name},
+    return {"apiVersion": resources.API_VERSION, "kind": resources.POOL_KIND, "metadata": {"name": name},
             "spec": {"model": {"preset": "tiny", "checkpoint": "/weights/tiny.safetensors"},
                      "image": "registry.example/worker:dev", "minIdle": 0, "maxWorkers": max_workers}}
 
@@ -70,7 +70,7 @@ class GatewaySpace:
         self.client = client
 
     def sessions(self) -> list[dict[str, Any]]:
-        return self.custom.list_namespaced_custom_object(r.GROUP, r.VERSION, self.name, r.SESSION_PLURAL)["items"]
+        return self.custom.list_namespaced_custom_object(resources.GROUP, resources.VERSION, self.name, resources.SESSION_PLURAL)["items"]
 
     def session(self, name: str) -> dict[str, Any] | None:
         return next((s for s in self.sessions() if s["metadata"]["name"] == name), None)
@@ -88,22 +88,22 @@ class GatewaySpace:
 
     def add_session(self, name: str, pool: str, phase: str) -> None:
         """A session in `phase`, as the operator would have left it (status is a subresource: set after)."""
-        self.custom.create_namespaced_custom_object(r.GROUP, r.VERSION, self.name, r.SESSION_PLURAL, {
-            "apiVersion": r.API_VERSION, "kind": r.SESSION_KIND, "metadata": {"name": name},
+        self.custom.create_namespaced_custom_object(resources.GROUP, resources.VERSION, self.name, resources.SESSION_PLURAL, {
+            "apiVersion": resources.API_VERSION, "kind": resources.SESSION_KIND, "metadata": {"name": name},
             "spec": {"character": "c", "pool": pool, "livekit": {"url": "wss://x.example", "room": "r",
                                                                  "agentIdentity": "a"}}})
         self.set_phase(name, phase)
 
     def set_phase(self, name: str, phase: str, **status: Any) -> None:
-        self.custom.patch_namespaced_custom_object_status(r.GROUP, r.VERSION, self.name, r.SESSION_PLURAL, name,
+        self.custom.patch_namespaced_custom_object_status(resources.GROUP, resources.VERSION, self.name, resources.SESSION_PLURAL, name,
                                                           {"status": {"phase": phase, **status}})
 
     def add_pool(self, name: str, max_workers: int) -> None:
-        self.custom.create_namespaced_custom_object(r.GROUP, r.VERSION, self.name, r.POOL_PLURAL,
+        self.custom.create_namespaced_custom_object(resources.GROUP, resources.VERSION, self.name, resources.POOL_PLURAL,
                                                     pool_manifest(name, max_workers))
 
     def clear(self) -> None:
         """Delete the test's sessions and pools now (none holds a finalizer: no operator ran), so that no
         operator started later finds them in the namespace while it is being deleted."""
-        for plural in (r.SESSION_PLURAL, r.POOL_PLURAL):
-            self.custom.delete_collection_namespaced_custom_object(r.GROUP, r.VERSION, self.name, plural)
+        for plural in (resources.SESSION_PLURAL, resources.POOL_PLURAL):
+            self.custom.delete_collection_namespaced_custom_object(resources.GROUP, resources.VERSION, self.name, plural)

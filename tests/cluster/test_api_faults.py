@@ -38,8 +38,8 @@ from api_server import (  # noqa: F401
 )
 from conftest import Kube, wait_for
 from fault_proxy import FaultProxy
-from vivant.apis import resources as r
-from vivant.gateway import models as m
+from vivant.apis import resources
+from vivant.gateway import models
 from vivant.gateway.server import request_digest, session_name_for
 
 CS = "charactersessions.vivant.dev"
@@ -55,7 +55,7 @@ def test_parallel_creates_never_exceed_pool_capacity(kube: Kube, pools: str, ser
     """Fact 3 of issue 15: 20 parallel creates against a pool with maxWorkers 2 all got 201."""
     api = serve(max_in_flight_creates=20, max_queued_creates=20)
     with cf.ThreadPoolExecutor(20) as ex:
-        answers = list(ex.map(lambda _: call(api.url, "POST", m.ROUTE_COLLECTION, body("ada")), range(20)))
+        answers = list(ex.map(lambda _: call(api.url, "POST", models.ROUTE_COLLECTION, body("ada")), range(20)))
     codes = Counter(status for status, _, _ in answers)
     assert codes[201] == 2, codes
     assert codes[503] == 18 and all(got["error"]["code"] == "no_capacity" for s, got, _ in answers if s == 503), answers
@@ -73,7 +73,7 @@ def test_room_names_and_identities_livekit_accepts_are_accepted(kube: Kube, pool
                                                                 room: str, identity: str) -> None:
     """Fact 11: `[A-Za-z0-9._-]` patterns refused names LiveKit accepts; the apiserver's CRD takes them too."""
     api = serve()
-    status, got, _ = call(api.url, "POST", m.ROUTE_COLLECTION, body("big", room=room, identity=identity))
+    status, got, _ = call(api.url, "POST", models.ROUTE_COLLECTION, body("big", room=room, identity=identity))
     assert status == 201, got
     cs = kube.get(CS, got["id"], pools)
     assert (cs["spec"]["livekit"]["room"], cs["spec"]["livekit"]["agentIdentity"]) == (room, identity)
@@ -85,9 +85,9 @@ def test_a_pool_the_operator_rejects_takes_no_session(kube: Kube, pools: str, se
     (the apiserver's Go regexp takes U+2003 as a non-space in `^[^\\s]+$`) but not the operator's models."""
     kube.apply(pool("badspec", pools, 2, image="ghcr.io/vivant-dev/vivant-worker:0.1.0\u2003latest"))
     with pytest.raises(pydantic.ValidationError, match="image"):  # what the operator parses every pool with
-        r.WorkerPoolSpec.model_validate(kube.get(WP, "badspec", pools)["spec"])
+        resources.WorkerPoolSpec.model_validate(kube.get(WP, "badspec", pools)["spec"])
     api = serve()
-    status, got, _ = call(api.url, "POST", m.ROUTE_COLLECTION, body("bad"))
+    status, got, _ = call(api.url, "POST", models.ROUTE_COLLECTION, body("bad"))
     assert status == 409, got
     assert got["error"]["code"] == "pool_invalid" and "image" in got["error"]["message"], got
     assert not [cs for cs in sessions(kube, pools) if cs["spec"]["pool"] == "badspec"]
@@ -123,7 +123,7 @@ def test_creates_through_a_failing_apiserver_leave_nothing_unowned(kube: Kube, p
     assert ok <= set(names), ("a 201 without its session", ok - set(names))
     assert all(n == 1 for n in names.values())
     for b, status, got in failed:  # a request that finally failed left no session (it never became one)
-        digest = request_digest(m.CreateSessionRequest.model_validate(b))
+        digest = request_digest(models.CreateSessionRequest.model_validate(b))
         assert session_name_for(digest, None, "") not in names, (status, got)
     assert set(names) == ok, ("sessions nobody was told about", set(names) - ok)
 
@@ -149,7 +149,7 @@ def _abandon(url: str, key: str, payload: dict[str, Any], hold_s: float) -> None
     data = json.dumps(payload).encode()
     with socket.create_connection((host, int(port))) as s:
         s.sendall(b"POST /v1/realtime_sessions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  + f"Authorization: Bearer {KEY}\r\n{m.IDEMPOTENCY_HEADER}: {key}\r\n"
+                  + f"Authorization: Bearer {KEY}\r\n{models.IDEMPOTENCY_HEADER}: {key}\r\n"
                     f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
         time.sleep(hold_s)
 
@@ -168,14 +168,14 @@ def test_a_burst_is_shed_at_once_and_abandoned_requests_are_not_carried_out(
     gate = api.api.creates
     burst = 40
     with cf.ThreadPoolExecutor(burst + 8) as ex:
-        first = [ex.submit(call, api.url, "POST", m.ROUTE_COLLECTION, body("big"), timeout=90) for _ in range(2)]
+        first = [ex.submit(call, api.url, "POST", models.ROUTE_COLLECTION, body("big"), timeout=90) for _ in range(2)]
         wait_for(lambda: gate.in_flight == 2, "two creates in flight", 30)
         abandoned = [f"abandon-{uuid.uuid4().hex}" for _ in range(3)]
         for key in abandoned:  # they wait in the queue, and their clients leave
             ex.submit(_abandon, api.url, key, body("big"), 1.0)
         wait_for(lambda: gate.waiting == 3, "the abandoned requests queued", 30)
         time.sleep(1.5)  # their clients are gone now; the first two still run
-        futures = first + [ex.submit(call, api.url, "POST", m.ROUTE_COLLECTION, body("big"), timeout=90)
+        futures = first + [ex.submit(call, api.url, "POST", models.ROUTE_COLLECTION, body("big"), timeout=90)
                            for _ in range(burst)]
         wait_for(lambda: gate.saturated, "the create queue full", 30)
         ready, ready_body, _ = call(api.url, "GET", "/readyz")

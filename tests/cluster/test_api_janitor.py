@@ -12,7 +12,7 @@ import pytest
 from api_server import KEY, ApiServer, body, call, pools_fixture, serve_fixture  # noqa: F401
 from conftest import Kube, wait_for
 from fault_proxy import FaultProxy
-from vivant.gateway import models as m
+from vivant.gateway import models
 from vivant.gateway.server import request_digest, session_name_for
 
 CS = "charactersessions.vivant.dev"
@@ -33,13 +33,13 @@ def test_a_half_made_session_is_completed_by_the_retry_or_collected(kube: Kube, 
     api = serve(proxy=proxy, orphan_grace_s=3, janitor_interval_s=3600)
     retried, dropped = body("big"), body("big")
     for b in (retried, dropped):
-        status, got, _ = call(api.url, "POST", m.ROUTE_COLLECTION, b)
+        status, got, _ = call(api.url, "POST", models.ROUTE_COLLECTION, b)
         assert status == 502 and got["error"]["code"] == "kubernetes_unavailable", (status, got)
-    names = {b["livekit"]["roomName"]: session_name_for(request_digest(m.CreateSessionRequest.model_validate(b)), None,
+    names = {b["livekit"]["roomName"]: session_name_for(request_digest(models.CreateSessionRequest.model_validate(b)), None,
                                                          KEY) for b in (retried, dropped)}
     assert {cs["metadata"]["name"] for cs in sessions(kube, pools)} == set(names.values())
     proxy.set(fail=None)
-    status, got, _ = call(api.url, "POST", m.ROUTE_COLLECTION, retried)
+    status, got, _ = call(api.url, "POST", models.ROUTE_COLLECTION, retried)
     assert status == 201 and got["id"] == names[retried["livekit"]["roomName"]], got
     secret = kube.get("secret", f"{got['id']}-livekit-token", pools)
     assert secret["metadata"]["ownerReferences"][0]["name"] == got["id"]

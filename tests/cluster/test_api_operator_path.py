@@ -19,7 +19,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from conftest import Kube
 from gateway_support import AUTH, KEY, TOKEN, GatewaySpace, RecordingApiClient, body
-from vivant.apis import resources as r
+from vivant.apis import resources
 from vivant.apis.livekit_token import LiveKitCredentials
 from vivant.gateway import server as session_api
 from vivant.operator import kube as operator_kube
@@ -48,9 +48,9 @@ async def test_api_session_is_assigned_with_the_callers_token(
         sid = (await resp.json())["id"]
 
     cr = gateway_space.session(sid)
-    spec = r.CharacterSessionSpec.model_validate(cr["spec"])
+    spec = resources.CharacterSessionSpec.model_validate(cr["spec"])
     registry = Registry(redis_url)
-    pool = r.pool_key(ns, "h200")
+    pool = resources.pool_key(ns, "h200")
     registry.register(WorkerInfo(worker_id="h200-0", pool=pool, warm=True, node="gpu-node-0"))
     written: list[dict] = []
     ref = reconcile.SessionRef(namespace=ns, name=sid, uid=cr["metadata"]["uid"], created=datetime.now(tz=UTC))

@@ -33,7 +33,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from conftest import wait_for
 from gateway_support import AUTH, KEY, TOKEN, GatewaySpace, RecordingApiClient, body
-from vivant.apis import resources as r
+from vivant.apis import resources
 from vivant.gateway import server as session_api
 
 pytestmark = [pytest.mark.usefixtures("vivant_crds", "release_operators_paused"), pytest.mark.timeout(120)]
@@ -61,7 +61,7 @@ async def test_create_get_delete_round_trip(client: TestClient, gateway_space: G
 
     cr = gateway_space.session(sid)  # the apiserver took it: it passed the CRD's schema
     assert cr is not None and cr["metadata"]["uid"] and cr["metadata"]["creationTimestamp"], cr
-    parsed = r.CharacterSession.model_validate(cr)  # what the operator parses
+    parsed = resources.CharacterSession.model_validate(cr)  # what the operator parses
     assert (parsed.spec.character, parsed.spec.pool) == ("ada-v1", "h200")
     assert (parsed.spec.livekit.room, parsed.spec.livekit.agent_identity) == ("room-1", "agent-1")
     assert parsed.spec.max_duration_seconds == 300
@@ -238,7 +238,7 @@ async def test_session_the_apiserver_refuses_leaves_no_secret(client: TestClient
     gateway answers with the apiserver's refusal and deletes the Secret again (no half-made session)."""
     gateway_space.core.create_namespaced_resource_quota(gateway_space.name, {
         "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-sessions"},
-        "spec": {"hard": {f"count/{r.SESSION_PLURAL}.{r.GROUP}": "0"}}})
+        "spec": {"hard": {f"count/{resources.SESSION_PLURAL}.{resources.GROUP}": "0"}}})
     secrets_before = {s["metadata"]["name"] for s in gateway_space.secrets()}
     resp = await client.post("/v1/realtime_sessions", json=body(), headers=AUTH)
     text = await resp.text()
@@ -308,7 +308,7 @@ async def test_requests_are_counted_by_route_template(gateway_space: GatewaySpac
 
     assert count("/v1/realtime_sessions/{id}", "GET", "404") == 1.0
     assert count("/v1/realtime_sessions", "POST", "401") == 1.0
-    assert any(method == "GET" and url.endswith(f"/{r.SESSION_PLURAL}/rt-abc") for method, url, _ in gateway_kube.sent)
+    assert any(method == "GET" and url.endswith(f"/{resources.SESSION_PLURAL}/rt-abc") for method, url, _ in gateway_kube.sent)
     async with TestClient(TestServer(api.app())) as c:
         exposition = await (await c.get("/metrics")).text()
     assert 'vivant_api_requests_total{code="401",method="POST",route="/v1/realtime_sessions"} 1.0' in exposition

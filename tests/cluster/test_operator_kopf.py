@@ -34,7 +34,7 @@ import pytest
 from conftest import Kube, wait_for
 from kopf.testing import KopfRunner
 from kubernetes.client.rest import ApiException
-from vivant.apis import resources as r
+from vivant.apis import resources
 from vivant.apis.feature_flags import FlagValues
 from vivant.sessions.flags import FlagStore
 from vivant.sessions.models import Assignment, EndRequest, SessionStats, WorkerInfo
@@ -51,7 +51,7 @@ HEARTBEAT_TTL_S = 1.0
 def pool_body(name: str = "h200", min_idle: int = 1, max_workers: int = 3, fused: bool = True) -> dict[str, Any]:
     """A pool on the simulated H100 nodes (their label and GPU taint), 2 GPUs a worker (4 fit a node)."""
     return {
-        "apiVersion": r.API_VERSION, "kind": r.POOL_KIND, "metadata": {"name": name},
+        "apiVersion": resources.API_VERSION, "kind": resources.POOL_KIND, "metadata": {"name": name},
         "spec": {"model": {"preset": "tiny", "checkpoint": "random://tiny"}, "image": SIM_IMAGE,
                  "gpusPerWorker": 2, "tensorParallel": 1, "runner": "pipeline",
                  "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
@@ -62,7 +62,7 @@ def pool_body(name: str = "h200", min_idle: int = 1, max_workers: int = 3, fused
 
 def session_body(name: str, pool: str = "h200") -> dict[str, Any]:
     return {
-        "apiVersion": r.API_VERSION, "kind": r.SESSION_KIND, "metadata": {"name": name},
+        "apiVersion": resources.API_VERSION, "kind": resources.SESSION_KIND, "metadata": {"name": name},
         "spec": {"character": "ada-v1", "pool": pool, "maxDurationSeconds": 600,
                  "livekit": {"url": "wss://lk.example.com", "room": f"room-{name}", "agentIdentity": "agent-1"}},
     }
@@ -78,22 +78,22 @@ class Space:
         self.apps = kubernetes.client.AppsV1Api(client)
 
     def create(self, body: dict[str, Any]) -> dict[str, Any]:
-        plural = r.SESSION_PLURAL if body["kind"] == r.SESSION_KIND else r.POOL_PLURAL
-        return self.custom.create_namespaced_custom_object(r.GROUP, r.VERSION, self.name, plural, body)
+        plural = resources.SESSION_PLURAL if body["kind"] == resources.SESSION_KIND else resources.POOL_PLURAL
+        return self.custom.create_namespaced_custom_object(resources.GROUP, resources.VERSION, self.name, plural, body)
 
     def _get(self, plural: str, name: str) -> dict[str, Any] | None:
         try:
-            return self.custom.get_namespaced_custom_object(r.GROUP, r.VERSION, self.name, plural, name)
+            return self.custom.get_namespaced_custom_object(resources.GROUP, resources.VERSION, self.name, plural, name)
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
 
     def session(self, name: str) -> dict[str, Any] | None:
-        return self._get(r.SESSION_PLURAL, name)
+        return self._get(resources.SESSION_PLURAL, name)
 
     def pool(self, name: str = "h200") -> dict[str, Any] | None:
-        return self._get(r.POOL_PLURAL, name)
+        return self._get(resources.POOL_PLURAL, name)
 
     def phase(self, name: str) -> str | None:
         return ((self.session(name) or {}).get("status") or {}).get("phase")
@@ -102,10 +102,10 @@ class Space:
         return (self.pool(name) or {}).get("status") or {}
 
     def patch_pool(self, name: str, body: dict[str, Any]) -> None:
-        self.custom.patch_namespaced_custom_object(r.GROUP, r.VERSION, self.name, r.POOL_PLURAL, name, body)
+        self.custom.patch_namespaced_custom_object(resources.GROUP, resources.VERSION, self.name, resources.POOL_PLURAL, name, body)
 
     def delete_session(self, name: str) -> None:
-        self.custom.delete_namespaced_custom_object(r.GROUP, r.VERSION, self.name, r.SESSION_PLURAL, name)
+        self.custom.delete_namespaced_custom_object(resources.GROUP, resources.VERSION, self.name, resources.SESSION_PLURAL, name)
 
     def secret(self, name: str) -> Any | None:
         try:
@@ -139,13 +139,13 @@ class Space:
         it is restored) finds them in the namespace while it is being deleted. The finalizers the sessions
         still hold are dropped first: the operator under test is gone, and the Redis they would have
         cleaned is the test's own."""
-        listing = self.custom.list_namespaced_custom_object(r.GROUP, r.VERSION, self.name, r.SESSION_PLURAL)
+        listing = self.custom.list_namespaced_custom_object(resources.GROUP, resources.VERSION, self.name, resources.SESSION_PLURAL)
         for cs in listing["items"]:
             if cs["metadata"].get("finalizers"):
-                self.custom.patch_namespaced_custom_object(r.GROUP, r.VERSION, self.name, r.SESSION_PLURAL,
+                self.custom.patch_namespaced_custom_object(resources.GROUP, resources.VERSION, self.name, resources.SESSION_PLURAL,
                                                            cs["metadata"]["name"], {"metadata": {"finalizers": None}})
-        for plural in (r.SESSION_PLURAL, r.POOL_PLURAL):
-            self.custom.delete_collection_namespaced_custom_object(r.GROUP, r.VERSION, self.name, plural)
+        for plural in (resources.SESSION_PLURAL, resources.POOL_PLURAL):
+            self.custom.delete_collection_namespaced_custom_object(resources.GROUP, resources.VERSION, self.name, plural)
 
     def dump(self, kube: Kube) -> str:
         """Every object of every listable namespaced kind in the namespace, as JSON text."""
@@ -169,7 +169,7 @@ class Fleet:
 
     def __init__(self, space: Space, redis_url: str, pool_name: str = "h200", fps: float = 24.0) -> None:
         self.space, self.pool_name = space, pool_name
-        self.pool = r.pool_key(space.name, pool_name)
+        self.pool = resources.pool_key(space.name, pool_name)
         self.registry = Registry(redis_url, heartbeat_ttl_s=HEARTBEAT_TTL_S)
         self.flags = FlagStore(self.registry.redis)
         self.fps = fps
@@ -279,7 +279,7 @@ class History:
         custom, core = space.custom, space.core
         self._threads = [
             threading.Thread(target=self._follow, daemon=True, args=(
-                custom.list_namespaced_custom_object, r.GROUP, r.VERSION, space.name, r.SESSION_PLURAL)),
+                custom.list_namespaced_custom_object, resources.GROUP, resources.VERSION, space.name, resources.SESSION_PLURAL)),
             threading.Thread(target=self._follow, daemon=True, args=(core.list_namespaced_event, space.name)),
         ]
 
@@ -393,7 +393,7 @@ class TestSessionLifecycle:
             token = base64.b64decode(secret.data["token"]).decode()
             assert fleet.assignments[0].token.get_secret_value() == token
             [owner] = secret.metadata.owner_references
-            assert (owner.kind, owner.name, owner.uid, owner.controller) == (r.SESSION_KIND, "ada", cs["metadata"]["uid"],
+            assert (owner.kind, owner.name, owner.uid, owner.controller) == (resources.SESSION_KIND, "ada", cs["metadata"]["uid"],
                                                                             True), owner
             wait_for(lambda: fleet.replicas() == 2, "scale-up to busy + minIdle = 2")
             wait_for(lambda: len(fleet.alive) == 2, "the second pod scheduled, its worker warm")
@@ -421,7 +421,7 @@ class TestSessionLifecycle:
         assert any(e.get("reason") == "WorkerAssigned" for e in events), f"no WorkerAssigned event in {events}"
         assert any("assigned to worker h200-0" in line for line in logs.lines), "operator logs were not captured"
         seen = json.dumps(history.versions)
-        assert any(v.get("kind") == r.SESSION_KIND and (v.get("status") or {}).get("phase") == "Streaming"
+        assert any(v.get("kind") == resources.SESSION_KIND and (v.get("status") or {}).get("phase") == "Streaming"
                    for v in history.versions), "positive control: the watch saw the session stream"
         everything = space.dump(kube)
         assert token not in seen, "the LiveKit token was written into a session or an Event"
@@ -453,7 +453,7 @@ class TestAssignedOnce:
                 wait_for(lambda n=name: space.phase(n) == "Streaming", f"{name} Streaming", 30)
             time.sleep(1.0)  # a sweep or two more: nothing may be sent again
             runs = (metric("vivant_operator_handler_runs_total", {"handler": "session_create"}) or 0.0) - runs_before
-        sessions = [v for v in history.versions if v.get("kind") == r.SESSION_KIND]
+        sessions = [v for v in history.versions if v.get("kind") == resources.SESSION_KIND]
         assert any((v.get("status") or {}).get("worker") for v in sessions), "positive control: the watch saw an assignment"
         early = [(v["metadata"]["name"], v["metadata"]["resourceVersion"], v["status"].get("phase")) for v in sessions
                  if (v.get("status") or {}).get("phase")
@@ -535,7 +535,7 @@ class TestFlagRollback:
             cond = wait_for(lambda: (c := condition(space.pool_status(), "FlagsMatchSpec")) and c["status"] == "False"
                             and c, "pool condition FlagsMatchSpec=False")
             assert cond["reason"] == "AutoRollback", cond
-            wait_for(lambda: flag_rolled_back_kinds(space) >= {r.POOL_KIND, r.SESSION_KIND},
+            wait_for(lambda: flag_rolled_back_kinds(space) >= {resources.POOL_KIND, resources.SESSION_KIND},
                      "FlagRolledBack events on the pool and the session")
             fleet.fps = 24.0
             time.sleep(2.5)  # resyncs of the same generation must not re-enable it

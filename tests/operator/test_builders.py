@@ -10,14 +10,14 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from vivant.apis import resources as r
-from vivant.operator import builders as b
+from vivant.apis import resources
+from vivant.operator import builders
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S_VERSION = "1.31"
-OWNER = b.Owner(kind=r.POOL_KIND, name="h200", uid="0f6c3a52-9a8e-4a37-9c1e-5b1b1f0e2d11")
-SPEC = r.WorkerPool.model_validate(yaml.safe_load((ROOT / "examples/production/workerpool-h200-57b.yaml").read_text())).spec
-SPEC_AFFINITY = SPEC.model_copy(update={"affinity": r.NodeAffinity.model_validate(
+OWNER = builders.Owner(kind=resources.POOL_KIND, name="h200", uid="0f6c3a52-9a8e-4a37-9c1e-5b1b1f0e2d11")
+SPEC = resources.WorkerPool.model_validate(yaml.safe_load((ROOT / "examples/production/workerpool-h200-57b.yaml").read_text())).spec
+SPEC_AFFINITY = SPEC.model_copy(update={"affinity": resources.NodeAffinity.model_validate(
     {"required": [{"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h200"]}]}],
      "preferred": [{"weight": 10, "preference": {"matchExpressions": [{"key": "zone", "operator": "Exists"}]}}]}
 )})
@@ -25,12 +25,12 @@ SPEC_AFFINITY = SPEC.model_copy(update={"affinity": r.NodeAffinity.model_validat
 
 def _rendered():
     return {
-        "statefulset": b.build_statefulset("h200", "default", OWNER, SPEC, 3, b.WorkerRuntime()),
-        "statefulset-affinity": b.build_statefulset("h200", "default", OWNER, SPEC_AFFINITY, 0,
-                                                    b.WorkerRuntime(service_account="vivant-worker")),
-        "service": b.build_headless_service("h200", "default", OWNER),
-        "pdb": b.build_pdb("h200", "default", OWNER),
-        "secret": b.build_token_secret("ada", "default", OWNER, "not-a-real-token"),
+        "statefulset": builders.build_statefulset("h200", "default", OWNER, SPEC, 3, builders.WorkerRuntime()),
+        "statefulset-affinity": builders.build_statefulset("h200", "default", OWNER, SPEC_AFFINITY, 0,
+                                                    builders.WorkerRuntime(service_account="vivant-worker")),
+        "service": builders.build_headless_service("h200", "default", OWNER),
+        "pdb": builders.build_pdb("h200", "default", OWNER),
+        "secret": builders.build_token_secret("ada", "default", OWNER, "not-a-real-token"),
     }
 
 
@@ -68,12 +68,12 @@ def test_statefulset_shape():
 
 def test_replicas_out_of_bounds_is_refused():
     with pytest.raises(ValueError, match="replicas"):
-        b.build_statefulset("h200", "default", OWNER, SPEC, SPEC.max_workers + 1, b.WorkerRuntime())
+        builders.build_statefulset("h200", "default", OWNER, SPEC, SPEC.max_workers + 1, builders.WorkerRuntime())
 
 
 def test_token_secret_is_owned_by_the_session():
-    owner = b.Owner(kind=r.SESSION_KIND, name="ada", uid="u-1")
-    secret = b.build_token_secret("ada", "default", owner, "tok")
+    owner = builders.Owner(kind=resources.SESSION_KIND, name="ada", uid="u-1")
+    secret = builders.build_token_secret("ada", "default", owner, "tok")
     ref = secret["metadata"]["ownerReferences"][0]
     assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == ("CharacterSession", "ada", "u-1", True)
     assert secret["stringData"] == {"token": "tok"}
@@ -82,10 +82,10 @@ def test_token_secret_is_owned_by_the_session():
 def test_conditions_keep_transition_time_until_status_flips():
     t0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
     t1 = t0 + datetime.timedelta(minutes=5)
-    c = b.set_condition([], "Ready", False, "Waiting", now=t0)
-    c = b.set_condition(c, "Ready", False, "StillWaiting", now=t1)
+    c = builders.set_condition([], "Ready", False, "Waiting", now=t0)
+    c = builders.set_condition(c, "Ready", False, "StillWaiting", now=t1)
     assert c[0]["lastTransitionTime"] == "2026-01-01T00:00:00Z" and c[0]["reason"] == "StillWaiting"
-    c = b.set_condition(c, "Ready", True, "Streaming", now=t1)
+    c = builders.set_condition(c, "Ready", True, "Streaming", now=t1)
     assert c[0]["lastTransitionTime"] == "2026-01-01T00:05:00Z" and c[0]["status"] == "True"
 
 
@@ -95,14 +95,14 @@ def test_statefulset_rolls_on_delete_only():
 
 
 def test_token_secret_names_and_labels_fit_any_session_name():
-    owner = b.Owner(kind=r.SESSION_KIND, name="x", uid="u-1")
+    owner = builders.Owner(kind=resources.SESSION_KIND, name="x", uid="u-1")
     for name in ("ada", "a" * 64, "a.b-c", "s" * 245, "s" * 246, "s" * 252 + "x", ("a." * 126)[:253].rstrip(".")):
-        secret = b.build_token_secret(name, "default", owner, "tok")
+        secret = builders.build_token_secret(name, "default", owner, "tok")
         kubernetes_validate.validate(secret, K8S_VERSION, strict=True)
         secret_name = secret["metadata"]["name"]
         assert len(secret_name) <= 253 and secret_name.endswith("-livekit"), secret_name
         assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", secret_name), secret_name
         assert all(len(v) <= 63 for v in secret["metadata"]["labels"].values())
-        assert secret["metadata"]["annotations"][b.SESSION_ANNOTATION] == name
-    long_names = {b.token_secret_name("s" * 250 + c) for c in "abc"}
+        assert secret["metadata"]["annotations"][builders.SESSION_ANNOTATION] == name
+    long_names = {builders.token_secret_name("s" * 250 + c) for c in "abc"}
     assert len(long_names) == 3, "two long session names share a token Secret"

@@ -21,8 +21,7 @@ import jsonschema
 import pydantic
 import pytest
 import yaml
-from vivant.apis import crdgen
-from vivant.apis import resources as r
+from vivant.apis import crdgen, resources
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,7 +53,7 @@ def _schema(crd: dict[str, Any]) -> dict[str, Any]:
 
 
 SCHEMAS = {"CharacterSession": _schema(crdgen.session_crd()), "WorkerPool": _schema(crdgen.pool_crd())}
-MODELS = {"CharacterSession": r.CharacterSession, "WorkerPool": r.WorkerPool}
+MODELS = {"CharacterSession": resources.CharacterSession, "WorkerPool": resources.WorkerPool}
 CEL = celpy.Environment()
 
 
@@ -252,10 +251,10 @@ class TestExamplesAreValid:
 
 class TestMalformedObjectsAreRejected:
     def test_the_limits_themselves_are_accepted(self):
-        pool = _set(POOL, "metadata.name", "p" * r.POOL_NAME_MAX)
+        pool = _set(POOL, "metadata.name", "p" * resources.POOL_NAME_MAX)
         pool = _set(pool, "spec.nodeSelector", {"p" * 253 + "/" + "n" * 63: "v" * 63})
         assert _json_schema_errors("WorkerPool", pool) == []
-        r.WorkerPool.model_validate(pool)
+        resources.WorkerPool.model_validate(pool)
 
     def test_at_least_thirty_cases(self):
         assert len(MALFORMED) >= 30

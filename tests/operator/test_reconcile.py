@@ -11,7 +11,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from vivant.apis import resources as r
+from vivant.apis import resources
 from vivant.apis.feature_flags import FlagValues
 from vivant.apis.livekit_token import LiveKitCredentials
 from vivant.operator import reconcile as rc
@@ -21,14 +21,14 @@ from vivant.sessions.models import Assignment, EndRequest, SessionStats, WorkerI
 from vivant.sessions.registry import Registry
 
 NS, POOL_NAME = "default", "h200"
-POOL = r.pool_key(NS, POOL_NAME)
+POOL = resources.pool_key(NS, POOL_NAME)
 CREDS = LiveKitCredentials("APIkey123", "x" * 32)
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-SPEC = r.CharacterSessionSpec.model_validate({
+SPEC = resources.CharacterSessionSpec.model_validate({
     "character": "ada-v1", "pool": POOL_NAME, "maxDurationSeconds": 60,
     "livekit": {"url": "wss://lk.example.com", "room": "demo-room", "agentIdentity": "agent-1"},
 })
-POOL_SPEC = r.WorkerPoolSpec.model_validate({
+POOL_SPEC = resources.WorkerPoolSpec.model_validate({
     "model": {"preset": "tiny", "checkpoint": "/models/tiny.safetensors"}, "image": "vivant:dev",
     "minIdle": 1, "maxWorkers": 4, "flags": {"fusedGemmAllReduce": True},
 })

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from vivant.apis import resources as r
+from vivant.apis import resources
 from vivant.apis.livekit_token import LiveKitCredentials
 from vivant.operator import reconcile as rc
 from vivant.operator import session_sweep as sw
@@ -19,10 +19,10 @@ from vivant.sessions.models import SessionStats, WorkerInfo
 from vivant.sessions.registry import Registry
 
 NS, POOL_NAME = "fleet", "pool-0"
-POOL = r.pool_key(NS, POOL_NAME)
+POOL = resources.pool_key(NS, POOL_NAME)
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 TIMEOUTS = rc.Timeouts(pending_s=30, connect_s=10)
-SPEC = r.CharacterSessionSpec.model_validate({
+SPEC = resources.CharacterSessionSpec.model_validate({
     "character": "ada", "pool": POOL_NAME, "maxDurationSeconds": 3600,
     "livekit": {"url": "wss://lk.example.com", "room": "room", "agentIdentity": "agent"},
 })
