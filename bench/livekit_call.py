@@ -625,7 +625,25 @@ def run(args: argparse.Namespace) -> int:
     call = LocalCall(CallConfig(folder=out, preset=preset, weights=weights if preset == "ref" else None,
                                 nice=args.nice, device=args.device, workers=max(rounds), pad_chunk_ms=args.step_ms,
                                 tts_cache=args.tts_cache))
-    results = []
+    argv = [f"--seconds {args.seconds:g}", f"--preset {preset}", f"--device {args.device}", f"--calls {args.calls}"]
+    argv += [f"--step-ms {args.step_ms:g}"] if args.step_ms else []
+    argv += [f"--interrupt-every {args.interrupt_every}"] if args.interrupt_every else []
+    results: list[dict] = []
+
+    def write_report() -> dict:
+        """call.json and call.md with the rounds so far (after each round: a run stopped in a later round keeps them)."""
+        uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+        report = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
+                  "command": "vivant bench call " + " ".join(argv), "preset": preset, "device": args.device,
+                  "step_ms": args.step_ms, "targets": TARGETS, "rounds_planned": rounds,
+                  "machine": {"cores": os.cpu_count(), "uptime": uptime, "platform": platform.platform(),
+                              "gpu": gpu_name()},
+                  "versions": versions(), "rounds": results,
+                  "mp4": "call.mp4" if (out / "call.mp4").is_file() else None}
+        (out / "call.json").write_text(json.dumps(report, indent=1))
+        (out / "call.md").write_text(markdown(report))
+        return report
+
     try:
         call.start(worker_timeout=900 if args.device == "cuda" else 300)
         for k, n in enumerate(rounds):
@@ -634,19 +652,10 @@ def run(args: argparse.Namespace) -> int:
             results.append(asyncio.run(run_round(call, n, args.seconds, args.interrupt_every, args.sample_s, tag,
                                                  out / "call.mp4" if k == 0 else None)))
             print(f"call: round {k}: {json.dumps(results[-1]['summary'])}", flush=True)
+            write_report()
     finally:
         call.stop()
-    argv = [f"--seconds {args.seconds:g}", f"--preset {preset}", f"--device {args.device}", f"--calls {args.calls}"]
-    argv += [f"--step-ms {args.step_ms:g}"] if args.step_ms else []
-    argv += [f"--interrupt-every {args.interrupt_every}"] if args.interrupt_every else []
-    uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    report = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "command": "vivant bench call " + " ".join(argv),
-              "preset": preset, "device": args.device, "step_ms": args.step_ms, "targets": TARGETS,
-              "machine": {"cores": os.cpu_count(), "uptime": uptime, "platform": platform.platform(), "gpu": gpu_name()},
-              "versions": versions(), "rounds": results,
-              "mp4": "call.mp4" if (out / "call.mp4").is_file() else None}
-    (out / "call.json").write_text(json.dumps(report, indent=1))
-    (out / "call.md").write_text(markdown(report))
+    report = write_report()
     print(markdown(report))
     print(f"wrote {out / 'call.json'}, {out / 'call.md'}" + (f", {out / 'call.mp4'}" if report["mp4"] else ""))
     return 0
