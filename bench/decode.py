@@ -21,7 +21,6 @@ intervals_ms [[diffuse_start, diffuse_end, decode_start, decode_end], ...]}.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import shlex
 import sys
@@ -30,6 +29,7 @@ import time
 
 import numpy as np
 import torch
+from vivant.bench.harness import emit_result
 from vivant.worker.model.config import ModelConfig
 from vivant.worker.model.generator import ChunkGenerator
 from vivant.worker.stream.decoder_stage import DecoderStage, LatentChunk
@@ -196,12 +196,8 @@ def run(args: argparse.Namespace) -> int:
         dec_device = torch.device(args.decoder_device or args.device)
         dec_vae = vae if dec_device == device else build_vae_decoder(cfg, device=dec_device, dtype=dtype, seed=args.seed)
         result["two_stage"] = measure_two_stage(args, dec_vae, device)
-    doc = json.dumps(result, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(doc + "\n")
+    emit_result(result, args.out, args.json, indent=1)
     if args.json:
-        print(doc)
         return 0
     d = result["decode_ms"]
     print(f"decode {cfg.name} {cfg.out_h}x{cfg.out_w} x{cfg.temporal_factor} frames on {device} ({result['dtype']}): "

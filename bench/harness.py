@@ -14,9 +14,11 @@ Used by `vivant bench step` (bench/step.py, bench/step_gpu.py) and `vivant bench
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -136,3 +138,13 @@ def time_chunks(gen: ChunkGenerator, cfg: ModelConfig, warmup: int, chunks: int,
     if host is not None and phases:
         host.update({k: float(np.median([p[k] for p in phases])) for k in ("reset", "host_launch") if k in phases[0]})
     return times, lat
+
+
+def emit_result(result: dict, out: str | None, to_stdout: bool, indent: int = 2) -> str:
+    """A benchmark's JSON document: written to `out` when given, printed when `to_stdout`; returns the text."""
+    text = json.dumps(result, indent=indent)
+    if out:
+        Path(out).write_text(text + "\n")
+    if to_stdout:
+        print(text)
+    return text

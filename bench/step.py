@@ -14,7 +14,6 @@ torch, numpy and the model are imported when the bench runs, after its arguments
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import shlex
 import sys
@@ -113,12 +112,10 @@ def run(args: argparse.Namespace) -> int:
         errs = [float((a - b).norm() / b.norm())
                 for a, b in zip(latents[CacheMode.OPTIMIZED], latents[CacheMode.BASELINE], strict=True)]
         result["max_rel_rms"] = max(errs)
-    text = json.dumps(result, indent=2)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    from vivant.bench.harness import emit_result
+
+    emit_result(result, args.out, args.json)
     if args.json:
-        print(text)
         return 0
     print(f"{'mode':<10} {'median ms':>10} {'p99 ms':>10}")
     for mode in modes:

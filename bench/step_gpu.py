@@ -19,7 +19,6 @@ baseline cache in the same FP8 engine over N chunks with position resets (`t_lim
 
 from __future__ import annotations
 
-import json
 import math
 import shlex
 import sys
@@ -27,7 +26,7 @@ import time
 
 import numpy as np
 import torch
-from vivant.bench.harness import build_rank, chunk_audio, graph_us, time_chunks
+from vivant.bench.harness import build_rank, chunk_audio, emit_result, graph_us, time_chunks
 from vivant.bench.memory import StepMemory
 from vivant.kernels.fp8_gemm import fp8_linear, prefer_static_gemm_schedule, quantize_weight
 from vivant.kernels.fused_quant import quant_rows
@@ -227,13 +226,8 @@ def run(args) -> int:
         result["max_rel_rms"] = max(errs)
         if args.numerics_chunks:
             result["numerics"] = numerics(args, model, fast)
-    text = json.dumps(result, indent=2)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    if args.json:
-        print(text)
-    else:
+    emit_result(result, args.out, args.json)
+    if not args.json:
         print(f"{cfg.name} tp={tp} rank={rank} on {props.name}")
         for k in ("baseline_ms", "optimized_ms", "speedup", "fp8_tflops", "pct_fp8_ceiling", "max_rel_rms"):
             if k in result:
