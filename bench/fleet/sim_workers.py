@@ -4,7 +4,7 @@
 
 Every pod of a WorkerPool's StatefulSet (label `app.kubernetes.io/name=vivant-worker`) that kwok reports
 Running gets a simulated worker whose id is the pod's name and whose pool is the pod's `VIVANT_POOL`,
-as the real `vivant worker` (worker/service.py) reads them. It speaks the registry's real protocol
+as the real `vivant worker` (worker/serving/service.py) reads them. It speaks the registry's real protocol
 through `vivant.sessions.registry.Registry`, in the real worker's order:
 - start: `register` (loading) → `recover_unacked` → after `warmup_s`, `set_warm`;
 - every ttl/3: `heartbeat` with {"session", "chunks"}; `register` again (keeping its session) when
@@ -65,7 +65,7 @@ class SimTiming:
     warmup_s: float = 2.0  # model load + graph capture (minutes on a GPU; short here, outside what is measured)
     connect_s: float = 0.5  # joining the LiveKit room
     end_s: float = 0.2  # next chunk boundary + leaving the room
-    stats_interval_s: float = 1.0  # as worker/service.py's default
+    stats_interval_s: float = 1.0  # as worker/serving/service.py's default
     poll_s: float = 10.0  # safety poll of the inbox (notifications do the waking)
     fps: float = 24.0
 
@@ -285,7 +285,7 @@ class SimWorker:
             self.end_requested.set()
 
     def _stats(self, sid: str, phase: str, t0: float, reason: str | None = None) -> SessionStats:
-        # as worker/service.py computes them: frames delivered (4 per chunk) over the wall time since the
+        # as worker/serving/service.py computes them: frames delivered (4 per chunk) over the wall time since the
         # start, so the average moves a little with every report, as a real one does
         t = self.fleet.timing
         elapsed = max(0.0, time.monotonic() - t0) if t0 else 0.0
