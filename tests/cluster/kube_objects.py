@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 from conftest import RELEASE_NS, REPO, Kube
+from vivant.operator.config import name_priority
 
 EXAMPLES = REPO / "examples"
 FUZZ_IMAGE = "registry.example/fuzz-worker:1"
@@ -58,11 +59,19 @@ def events(kube: Kube, namespace: str, name: str, reason: str | None = None) -> 
     return [e for e in out if reason is None or e.get("reason") == reason]
 
 
-def operator_pod(kube: Kube, namespace: str = RELEASE_NS, release: str = "vivant") -> str:
+def operator_pods(kube: Kube, namespace: str = RELEASE_NS, release: str = "vivant") -> list[str]:
+    """The names of the release's live operator pods (the chart runs two replicas by default)."""
     pods = [p for p in kube.items("pods", namespace, f"app.kubernetes.io/component=operator,app.kubernetes.io/instance={release}")
             if not p["metadata"].get("deletionTimestamp")]
-    assert len(pods) == 1, f"expected one operator pod of release {release}, got {[p['metadata']['name'] for p in pods]}"
-    return pods[0]["metadata"]["name"]
+    return [p["metadata"]["name"] for p in pods]
+
+
+def operator_pod(kube: Kube, namespace: str = RELEASE_NS, release: str = "vivant") -> str:
+    """The release's active operator pod: of its live replicas, the one kopf peering lets work — the highest
+    priority, which each replica derives from its pod name (vivant.operator.config.name_priority)."""
+    names = operator_pods(kube, namespace, release)
+    assert names, f"no operator pod of release {release} in {namespace}"
+    return max(names, key=name_priority)
 
 
 class PodLog:
