@@ -9,8 +9,12 @@ then speaks again. Counted in video frames the agent's subscription received (no
 the second utterance's first sample is sent until its speech is heard on the avatar's audio track, at most the
 frames the splice keeps (the runner's `frames_held_by_runner` + the decoder rank's keep horizon, the lead rank 0
 sent plus its decode time) plus one chunk for rank 0 to take the speech at its next chunk boundary, plus one chunk
-for the transport (data stream in, media out). Without the splice the speech waits behind every silent frame queued
-(seen: 16–19 frames received, against 9–16 with it). The decoder rank's record shows the splice (r, k) and that every
+for the transport (data stream in, media out), plus two chunks of scheduling slack: the worker's ranks, the server,
+the agent and this receiver share 2 cores with the rest of the suite (seen: 13 on a quiet machine, 18 in a full
+`make test`). The video track now arrives at its 24 fps (worker/serving/publishing.py); before, the SDK's default
+encoding delivered these small frames at 15 fps, so the same count of frames spanned 1.6 times as long. Without the
+splice the speech waits behind every silent frame queued (seen at 15 fps received: 16–19 frames, ≈ 26–30 at 24 fps,
+above this bound). The decoder rank's record shows the splice (r, k) and that every
 published frame index was handed to the runner once, with no gap: the old frames ≥ f* were never published, the
 remade chunk's frames ≥ k were.
 """
@@ -91,7 +95,7 @@ async def test_a_turn_after_silence_is_spliced_in_a_real_room(livekit_server: Li
         room = next(e for e in trace if e["event"] == "room")
         second = rewinds[-1]
         keep = frames_held_by_runner(FPS) + math.ceil(second["lead_ms"] / 1e3 * FPS)
-        bound = keep + 2 * FPC
+        bound = keep + 4 * FPC  # + one chunk to take the speech, one of transport, two of 2-core scheduling slack
         print(f"second turn: heard {waited} video frames after its first sample was sent, published "
               f"{room['turn_waits']} (bound {bound}: the splice keeps {keep}); rewinds {rewinds}; room splices "
               f"{room['splices']}, {room['spliced_frames']} queued frames dropped")
@@ -103,7 +107,8 @@ async def test_a_turn_after_silence_is_spliced_in_a_real_room(livekit_server: Li
             f"every frame index is published once and in order (old frames ≥ f* never, the remade ones once): {runs}")
         assert waited <= bound, (
             f"the second turn was heard {waited} video frames after its first sample was sent; expected ≤ {bound} "
-            f"(the splice keeps {keep} frames: lead {second['lead_ms']} ms; + one chunk to take it, one of transport)")
+            f"(the splice keeps {keep} frames: lead {second['lead_ms']} ms; + one chunk to take it, one of transport, "
+            "two of scheduling slack)")
     finally:
         for task in readers:
             task.cancel()
