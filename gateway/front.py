@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import re
+from abc import ABC, abstractmethod
 from typing import Any
 
 import pydantic
@@ -74,7 +75,7 @@ def unknown_session(name: str) -> ApiFailure:
     return ApiFailure(404, "unknown_session", f"no session {name!r}", "id")
 
 
-class ApiFront:
+class ApiFront(ABC):
     """Routes, keys, bodies, gates and errors of the gateway; subclasses serve `create`, `get` and `delete`."""
 
     # The backend client's error type answered 502 by the error middleware; () matches nothing.
@@ -90,14 +91,17 @@ class ApiFront:
 
     # -- the backend's handlers -----------------------------------------------------------------------
 
+    @abstractmethod
     async def create(self, request: web.Request) -> web.Response:
-        raise NotImplementedError
+        """The backend's answer to this route."""
 
+    @abstractmethod
     async def get(self, request: web.Request) -> web.Response:
-        raise NotImplementedError
+        """The backend's answer to this route."""
 
+    @abstractmethod
     async def delete(self, request: web.Request) -> web.Response:
-        raise NotImplementedError
+        """The backend's answer to this route."""
 
     # -- app ----------------------------------------------------------------------------------------
 
